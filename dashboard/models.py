@@ -1,0 +1,143 @@
+"""The shapes the store hands out and takes in, shared by the dashboard and the API."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from dashboard.errors import InvalidInput
+
+STATES = ("pending", "claimed", "done", "failed")
+QUEUE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+TTL_MIN, TTL_MAX = 1, 12 * 3600
+MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX = 1, 100
+MAX_JSON_BYTES = 256 * 1024  # payload and result, as encoded JSON (SQS's message limit)
+MAX_TEXT = 1000  # title, kind, source, assignee, owner, idempotency key
+MAX_ERROR = 8000
+DEFAULT_MAX_ATTEMPTS = 5
+
+
+class Todo(msgspec.Struct, kw_only=True):
+    id: str
+    queue: str
+    title: str
+    state: str
+    source: str | None = None
+    kind: str | None = None
+    payload: dict[str, Any] = msgspec.field(default_factory=dict)
+    event_id: str | None = None
+    idempotency_key: str | None = None
+    assignee: str | None = None
+    owner: str | None = None
+    lease_expires_at: datetime | None = None
+    lease_token: int = 0
+    heartbeat_at: datetime | None = None
+    attempt: int = 0
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    result: dict[str, Any] | None = None
+    next_retry_at: datetime | None = None
+    last_error: str | None = None
+    dedupe_hits: int = 0
+    created_at: datetime
+    updated_at: datetime
+    claimed_at: datetime | None = None
+    completed_at: datetime | None = None
+
+    @classmethod
+    def from_record(cls, record) -> Todo:
+        return cls(**{k: record[k] for k in _TODO_FIELDS})
+
+
+_TODO_FIELDS = Todo.__struct_fields__
+
+
+class NewEvent(msgspec.Struct, kw_only=True):
+    source: str
+    kind: str
+    payload: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class NewTodo(msgspec.Struct, kw_only=True):
+    queue: str
+    title: str
+    kind: str | None = None
+    source: str | None = None
+    payload: dict[str, Any] = msgspec.field(default_factory=dict)
+    idempotency_key: str | None = None
+    assignee: str | None = None
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    event: NewEvent | None = None
+
+
+class Created(msgspec.Struct, kw_only=True):
+    todo: Todo
+    created: bool
+
+
+def check_queue(name: Any, field: str = "queue") -> str:
+    if not isinstance(name, str) or not QUEUE_NAME.match(name):
+        raise InvalidInput(
+            field, f"{name!r} is not a queue name (lowercase letters, digits, _ . -; 1-63 chars, "
+            "starting with a letter or digit)"
+        )
+    return name
+
+
+def check_queues(names: Any) -> list[str]:
+    if isinstance(names, str) or not names:
+        raise InvalidInput("queues", "give a non-empty list of queue names")
+    return [check_queue(n, "queues") for n in names]
+
+
+def check_ttl(ttl: Any) -> float:
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not (
+        TTL_MIN <= ttl <= TTL_MAX
+    ):
+        raise InvalidInput("ttl", f"must be a number of seconds from {TTL_MIN} to {TTL_MAX}")
+    return float(ttl)
+
+
+def check_max_attempts(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not (
+        MAX_ATTEMPTS_MIN <= value <= MAX_ATTEMPTS_MAX
+    ):
+        raise InvalidInput(
+            "max_attempts", f"must be a whole number from {MAX_ATTEMPTS_MIN} to {MAX_ATTEMPTS_MAX}"
+        )
+    return value
+
+
+def check_json_object(value: Any, field: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidInput(field, "must be a JSON object")
+    size = len(msgspec.json.encode(value))
+    if size > MAX_JSON_BYTES:
+        raise InvalidInput(field, f"is {size} bytes as JSON; the limit is {MAX_JSON_BYTES}")
+    return value
+
+
+def check_text(value: Any, field: str, *, required: bool = False, limit: int = MAX_TEXT):
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or (required and not value.strip()):
+        raise InvalidInput(field, "is required" if required else "must be text")
+    if len(value) > limit:
+        raise InvalidInput(field, f"is longer than {limit} characters")
+    return value
+
+
+def check_new_todo(item: NewTodo) -> NewTodo:
+    check_queue(item.queue)
+    check_text(item.title, "title", required=True)
+    for field in ("kind", "source", "idempotency_key", "assignee"):
+        check_text(getattr(item, field), field)
+    check_json_object(item.payload, "payload")
+    check_max_attempts(item.max_attempts)
+    if item.event is not None:
+        check_text(item.event.source, "event.source", required=True)
+        check_text(item.event.kind, "event.kind", required=True)
+        check_json_object(item.event.payload, "event.payload")
+    return item
