@@ -32,3 +32,7 @@ class DatabaseUnavailable(SwitchboardError):
 
 class MigrationError(SwitchboardError):
     """A migration file disagrees with what the database recorded."""
+
+
+class TooLarge(InvalidInput):
+    """A payload, result or batch is over its size limit."""

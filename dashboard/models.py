@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from dashboard.errors import InvalidInput
+from dashboard.errors import InvalidInput, TooLarge
 
 STATES = ("pending", "claimed", "done", "failed")
 QUEUE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
@@ -115,7 +115,7 @@ def check_json_object(value: Any, field: str) -> dict[str, Any]:
         raise InvalidInput(field, "must be a JSON object")
     size = len(msgspec.json.encode(value))
     if size > MAX_JSON_BYTES:
-        raise InvalidInput(field, f"is {size} bytes as JSON; the limit is {MAX_JSON_BYTES}")
+        raise TooLarge(field, f"is {size} bytes as JSON; the limit is {MAX_JSON_BYTES}")
     return value
 
 

@@ -9,14 +9,14 @@ message that says the todo's state, owner and assignee.
 from __future__ import annotations
 
 import uuid
-from contextlib import asynccontextmanager
 from collections.abc import Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
 import msgspec
 
-from dashboard.errors import Conflict, InvalidInput, NotFound
+from dashboard.errors import Conflict, InvalidInput, NotFound, TooLarge
 from dashboard.models import (
     MAX_ERROR,
     Created,
@@ -69,7 +69,7 @@ class Store:
         if not items:
             return []
         if len(items) > MAX_BATCH:
-            raise InvalidInput("todos", f"at most {MAX_BATCH} todos per batch")
+            raise TooLarge("todos", f"at most {MAX_BATCH} todos per batch")
         for i, item in enumerate(items):
             try:
                 check_new_todo(item)

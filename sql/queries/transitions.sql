@@ -249,5 +249,6 @@ WITH old AS (
     WHERE state IN ('done', 'failed')
       AND completed_at < now() - make_interval(secs => $1)
     LIMIT $2
+    FOR UPDATE SKIP LOCKED
 )
 DELETE FROM todos t USING old WHERE t.id = old.id;

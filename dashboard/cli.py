@@ -1,0 +1,202 @@
+"""The `switchboard` command: up, serve, migrate, reap, enqueue, worker, operator, token."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+
+from dashboard.errors import InvalidInput, SwitchboardError
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        return args.run(args) or 0
+    except SwitchboardError as exc:
+        print(f"switchboard: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="switchboard", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def serving(cmd: argparse.ArgumentParser) -> None:
+        cmd.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+        cmd.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+
+    up = sub.add_parser("up", help="newcomer: embedded database, migrate, serve, reap")
+    serving(up)
+    up.set_defaults(run=cmd_up)
+    serve = sub.add_parser("serve", help="serve the dashboard and API (and reap) on DATABASE_URL")
+    serving(serve)
+    serve.set_defaults(run=cmd_serve)
+
+    sub.add_parser("migrate", help="apply pending migrations").set_defaults(run=cmd_migrate)
+
+    reap = sub.add_parser("reap", help="re-surface lapsed leases and promote due retries")
+    reap.add_argument("--once", action="store_true", help="one pass, then exit")
+    reap.add_argument("--interval", type=float, default=1.0, help="seconds between passes")
+    reap.set_defaults(run=cmd_reap)
+
+    enq = sub.add_parser("enqueue", help="create a todo (prints it as JSON)")
+    enq.add_argument("queue")
+    enq.add_argument("title")
+    enq.add_argument("--payload", default="{}", help="a JSON object")
+    enq.add_argument("--kind")
+    enq.add_argument("--source")
+    enq.add_argument("--key", dest="idempotency_key", help="idempotency key")
+    enq.add_argument("--assignee")
+    enq.add_argument("--max-attempts", type=int, default=5)
+    enq.set_defaults(run=cmd_enqueue)
+
+    worker = sub.add_parser("worker", help="claim todos over HTTP and run a command for each")
+    worker.add_argument("--queue", action="append", required=True, help="repeat for several")
+    worker.add_argument("--exec", dest="command", required=True, help="shell command; todo JSON on stdin")
+    worker.add_argument("--url", default=os.environ.get("SWITCHBOARD_URL", "http://127.0.0.1:8000"))
+    worker.add_argument("--token", default=os.environ.get("SWITCHBOARD_TOKEN"))
+    worker.add_argument("--ttl", type=float, default=60)
+    worker.add_argument("--wait", type=float, default=20, help="long-poll seconds per claim")
+    worker.add_argument("--once", action="store_true", help="exit when no work is ready")
+    worker.set_defaults(run=cmd_worker)
+
+    op = sub.add_parser("operator", help="dashboard accounts").add_subparsers(dest="action", required=True)
+    add = op.add_parser("add", help="create an operator; prints the password once")
+    add.add_argument("name")
+    add.add_argument("--role", choices=("viewer", "operator"), default="operator")
+    add.set_defaults(run=cmd_operator_add)
+
+    tok = sub.add_parser("token", help="API tokens for agents").add_subparsers(dest="action", required=True)
+    tadd = tok.add_parser("add", help="create a token; prints it once, as the last line")
+    tadd.add_argument("agent")
+    tadd.add_argument("--queues", required=True, help="comma-separated queue names")
+    tadd.set_defaults(run=cmd_token_add)
+    tok.add_parser("list", help="list tokens (never their secrets)").set_defaults(run=cmd_token_list)
+    trev = tok.add_parser("revoke", help="revoke a token by id")
+    trev.add_argument("token_id")
+    trev.set_defaults(run=cmd_token_revoke)
+    return p
+
+
+def with_database(fn):
+    """Run `fn(db, args)` with the database open (migrated), closing it afterwards."""
+
+    async def runner(args):
+        from dashboard.db import open_database
+
+        db = await open_database()
+        try:
+            return await fn(db, args)
+        finally:
+            await db.close()
+
+    return lambda args: asyncio.run(runner(args))
+
+
+def cmd_up(args) -> int:
+    from dashboard.web.server import serve
+
+    return serve(args.host, args.port, newcomer=True)
+
+
+def cmd_serve(args) -> int:
+    from dashboard.web.server import serve
+
+    return serve(args.host, args.port, newcomer=False)
+
+
+@with_database
+async def cmd_migrate(db, args) -> int:
+    print("migrations are up to date")  # open_database applied whatever was missing
+    return 0
+
+
+@with_database
+async def cmd_reap(db, args) -> int:
+    from dashboard.reaper import reap_once, run_reaper
+    from dashboard.store import Store
+
+    store = Store(db.pool)
+    if args.once:
+        reaped, promoted = await reap_once(store)
+        print(f"reaped {reaped} lapsed leases, promoted {promoted} due retries")
+        return 0
+    await run_reaper(store, interval=args.interval)
+    return 0
+
+
+@with_database
+async def cmd_enqueue(db, args) -> int:
+    import msgspec
+
+    from dashboard.models import NewTodo
+    from dashboard.store import Store
+
+    try:
+        payload = json.loads(args.payload)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput("payload", f"is not JSON: {exc}") from None
+    item = NewTodo(
+        queue=args.queue, title=args.title, payload=payload, kind=args.kind, source=args.source,
+        idempotency_key=args.idempotency_key, assignee=args.assignee, max_attempts=args.max_attempts,
+    )
+    created = await Store(db.pool).create(item, actor="cli")
+    print(msgspec.json.format(msgspec.json.encode(created)).decode())
+    return 0
+
+
+def cmd_worker(args) -> int:
+    from dashboard.agent_worker import run_command_worker
+
+    return asyncio.run(run_command_worker(args))
+
+
+@with_database
+async def cmd_operator_add(db, args) -> int:
+    from dashboard.accounts import Accounts
+
+    password = await Accounts(db.pool).add_operator(args.name, args.role)
+    print(f"operator {args.name} ({args.role}) created; password (shown once):")
+    print(password)
+    return 0
+
+
+@with_database
+async def cmd_token_add(db, args) -> int:
+    from dashboard.accounts import Accounts
+
+    queues = [q.strip() for q in args.queues.split(",") if q.strip()]
+    token_id, secret = await Accounts(db.pool).add_token(args.agent, queues)
+    print(f"token {token_id} for agent {args.agent} on queues {', '.join(queues)} (shown once):")
+    print(secret)
+    return 0
+
+
+@with_database
+async def cmd_token_list(db, args) -> int:
+    from dashboard.accounts import Accounts
+
+    for t in await Accounts(db.pool).list_tokens():
+        state = f"revoked {t['revoked_at']:%Y-%m-%d %H:%M}" if t["revoked_at"] else "active"
+        print(f"{t['id']}  {t['agent']:<20} {','.join(t['queues']):<30} {state}")
+    return 0
+
+
+@with_database
+async def cmd_token_revoke(db, args) -> int:
+    from dashboard.accounts import Accounts
+
+    await Accounts(db.pool).revoke_token(args.token_id, actor="cli")
+    print(f"token {args.token_id} revoked")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""The app factory. The lifespan owns the LISTEN hub and the reaper; the database is
+handed in already open (by `switchboard up`/`serve`, or by tests) and closed by its owner."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from litestar import Litestar, Request, get
+from litestar.config.csrf import CSRFConfig
+from litestar.datastructures import MutableScopeHeaders, State
+from litestar.di import Provide
+from litestar.middleware.session.client_side import CookieBackendConfig
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import ScalarRenderPlugin
+from litestar.plugins.htmx import HTMXPlugin
+from litestar.plugins.jinja import JinjaTemplateEngine
+from litestar.static_files import create_static_files_router
+from litestar.template.config import TemplateConfig
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+from dashboard.accounts import Accounts
+from dashboard.db import Database
+from dashboard.notify import Hub
+from dashboard.reads import Reads
+from dashboard.reaper import run_reaper
+from dashboard.store import Store
+from dashboard.web import api, pages, templating
+from dashboard.web.auth import SESSION_MAX_AGE
+from dashboard.web.errors import EXCEPTION_HANDLERS
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+MAX_BODY = 8 * 1024 * 1024  # a batch of todos; each payload is limited to 256 KiB on its own
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "connect-src 'self'; frame-ancestors 'none'; base-uri 'self'; form-action 'self'")
+DOCS_PATH = "/api/v1/docs"
+
+
+@dataclass
+class WebSecrets:
+    session: bytes
+    csrf: str
+
+
+async def load_secrets(db: Database) -> WebSecrets:
+    accounts = Accounts(db.pool)
+    return WebSecrets(
+        session=await accounts.secret("session", 32),
+        csrf=(await accounts.secret("csrf", 32)).hex(),
+    )
+
+
+def security_headers(app: ASGIApp) -> ASGIApp:
+    """CSP (no inline script, ever) and friends on every response but the API docs page."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableScopeHeaders.from_message(message)
+                if not scope["path"].startswith(DOCS_PATH):
+                    headers["Content-Security-Policy"] = CSP
+                headers["X-Content-Type-Options"] = "nosniff"
+                headers["Referrer-Policy"] = "same-origin"
+                headers["X-Frame-Options"] = "DENY"
+            await send(message)
+
+        await app(scope, receive, send_with_headers)
+
+    return middleware
+
+
+@get("/healthz", exclude_from_csrf=True, include_in_schema=False, skip_session=True)
+async def healthz() -> dict:
+    """A trivial route: liveness, and the baseline of bench/dashboard_pages.py."""
+    return {"ok": True}
+
+
+def create_app(db: Database, secrets: WebSecrets, *, reaper: bool = True) -> Litestar:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        hub = Hub(db.dsn)
+        await hub.start()
+        app.state.hub = hub
+        stop = asyncio.Event()
+        task = asyncio.create_task(run_reaper(Store(db.pool), stop=stop)) if reaper else None
+        try:
+            yield
+        finally:
+            stop.set()
+            if task:
+                await task
+            await hub.stop()
+
+    def provide_store(request: Request) -> Store:
+        return request.app.state.store
+
+    def provide_reads(request: Request) -> Reads:
+        return request.app.state.reads
+
+    return Litestar(
+        route_handlers=[
+            healthz,
+            *pages.ROUTES,
+            api.router,
+            create_static_files_router(path="/static", directories=[ROOT / "static"],
+                                       include_in_schema=False),
+        ],
+        state=State({"db": db, "store": Store(db.pool), "reads": Reads(db.pool),
+                     "has_operators": False}),
+        dependencies={"store": Provide(provide_store, sync_to_thread=False),
+                      "reads": Provide(provide_reads, sync_to_thread=False)},
+        template_config=TemplateConfig(directory=ROOT / "templates", engine=JinjaTemplateEngine,
+                                       engine_callback=templating.configure),
+        plugins=[HTMXPlugin()],
+        csrf_config=CSRFConfig(secret=secrets.csrf, cookie_httponly=True, cookie_samesite="strict",
+                               exclude=["/api/"]),
+        middleware=[
+            security_headers,
+            CookieBackendConfig(secret=secrets.session, max_age=SESSION_MAX_AGE, httponly=True,
+                                samesite="strict", exclude=["/api/", "/static/"]).middleware,
+        ],
+        openapi_config=OpenAPIConfig(
+            title="switchboard agent API", version="1", path=DOCS_PATH,
+            render_plugins=[ScalarRenderPlugin()],
+            description="Claim, heartbeat, complete and fail todos. Errors are RFC 9457 problem details.",
+        ),
+        exception_handlers=EXCEPTION_HANDLERS,
+        request_max_body_size=MAX_BODY,
+        lifespan=[lifespan],
+    )

@@ -1,0 +1,80 @@
+"""Who is asking: operators by session cookie (dashboard), agents by bearer token (API).
+
+The app never runs open: with no operator account every dashboard page says how to make
+one; anonymous browsers are sent to /login; viewers may look but not change anything.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request
+from litestar.connection import ASGIConnection
+from litestar.exceptions import NotAuthorizedException, PermissionDeniedException
+from litestar.handlers import BaseRouteHandler
+from litestar.response import Redirect, Template
+
+from dashboard.accounts import Accounts, Agent, Operator
+
+SESSION_MAX_AGE = 8 * 3600
+
+
+class LoginRequired(NotAuthorizedException):
+    """A browser without a session: sent to the login page."""
+
+
+async def current_operator(request: Request) -> Operator | None:
+    """The logged-in operator, re-read from the database (so removal takes effect)."""
+    cached = request.scope.get("operator")
+    if cached is not None:
+        return cached
+    name = (request.session or {}).get("operator") if "session" in request.scope else None
+    if not name:
+        return None
+    operator = await Accounts(request.app.state.db.pool).operator(name)
+    request.scope["operator"] = operator
+    return operator
+
+
+async def require_login(request: Request) -> Any:
+    """before_request for dashboard routes: the login page for anyone not logged in."""
+    state = request.app.state
+    if not state.has_operators:
+        state.has_operators = await Accounts(state.db.pool).has_operators()
+        if not state.has_operators:
+            return Template("no_operators.html", status_code=503)
+    if await current_operator(request) is None:
+        target = "/login?next=" + request.url.path
+        if request.headers.get("hx-request"):
+            return Redirect(target, headers={"HX-Redirect": target}, status_code=303)
+        return Redirect(target, status_code=303)
+    return None
+
+
+async def operators_only(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+    """Guard for state-changing dashboard routes: viewers get 403."""
+    operator = connection.scope.get("operator")
+    if operator is None or not operator.can_change:
+        raise PermissionDeniedException("viewers can look but not change anything")
+
+
+async def require_agent(request: Request) -> Agent:
+    """The agent whose bearer token came with the request (a dependency of API routes)."""
+    header = request.headers.get("authorization", "")
+    scheme, _, secret = header.partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise NotAuthorizedException("send Authorization: Bearer <token>")
+    agent = await Accounts(request.app.state.db.pool).agent_for(secret.strip())
+    if agent is None:
+        raise NotAuthorizedException("the token is unknown or revoked")
+    return agent
+
+
+def may_use(agent: Agent, queues) -> None:
+    """403 unless the agent's token covers every queue in `queues`."""
+    outside = [q for q in queues if q not in agent.queues]
+    if outside:
+        raise PermissionDeniedException(
+            f"token {agent.token_id} may not use queue {', '.join(outside)} "
+            f"(it covers {', '.join(agent.queues)})"
+        )

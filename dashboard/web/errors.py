@@ -1,0 +1,92 @@
+"""Errors become responses here, in one place: problem details (RFC 9457) for the API and
+JSON callers, a page (or an htmx fragment) for browsers. Never a stack trace."""
+
+from __future__ import annotations
+
+import logging
+
+from litestar import MediaType, Request, Response
+from litestar.exceptions import HTTPException, NotAuthorizedException
+from litestar.exceptions import ValidationException as LitestarValidation
+from litestar.response import Template
+from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
+
+from dashboard.errors import (
+    Conflict,
+    DatabaseUnavailable,
+    InvalidInput,
+    NotFound,
+    SwitchboardError,
+    TooLarge,
+)
+
+log = logging.getLogger("switchboard.web")
+PROBLEM = "application/problem+json"
+
+_STATUS = [(NotFound, 404), (Conflict, 409), (TooLarge, 413), (InvalidInput, 422),
+           (DatabaseUnavailable, 503)]
+_TITLES = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found",
+           405: "Method not allowed", 409: "Conflict", 413: "Content too large",
+           422: "Invalid input", 429: "Too many requests", 500: "Internal server error",
+           503: "Service unavailable"}
+
+
+def status_of(exc: Exception) -> int:
+    if isinstance(exc, HTTPException):
+        return exc.status_code
+    for kind, status in _STATUS:
+        if isinstance(exc, kind):
+            return status
+    return HTTP_500_INTERNAL_SERVER_ERROR
+
+
+def detail_of(exc: Exception, status: int) -> tuple[str, dict]:
+    """The human sentence, and extra members (the offending field, the todo's state)."""
+    if status >= 500 and not isinstance(exc, SwitchboardError):
+        return "the server failed to handle this request; it has been logged", {}
+    if isinstance(exc, InvalidInput):
+        return str(exc), {"field": exc.field}
+    if isinstance(exc, Conflict):
+        return str(exc), {k: v for k, v in exc.current.items() if v is not None}
+    if isinstance(exc, LitestarValidation):
+        extra = exc.extra if isinstance(exc.extra, list) else []
+        fields = [e.get("key") for e in extra if isinstance(e, dict) and e.get("key")]
+        messages = [f"{e.get('key') or 'body'}: {e.get('message')}" for e in extra if isinstance(e, dict)]
+        return ("; ".join(messages) or exc.detail), ({"field": fields[0]} if fields else {})
+    if isinstance(exc, HTTPException):
+        return exc.detail, {}
+    return str(exc), {}
+
+
+def wants_json(request: Request) -> bool:
+    accept = request.headers.get("accept", "")
+    return request.url.path.startswith("/api/") or (
+        "json" in accept and "html" not in accept
+    )
+
+
+def handle(request: Request, exc: Exception) -> Response:
+    status = status_of(exc)
+    if status >= 500:
+        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    detail, extra = detail_of(exc, status)
+    headers = {}
+    if isinstance(exc, HTTPException) and exc.headers:
+        headers.update(exc.headers)
+    if isinstance(exc, NotAuthorizedException) and request.url.path.startswith("/api/"):
+        headers["WWW-Authenticate"] = 'Bearer realm="switchboard"'
+    if wants_json(request):
+        body = {"type": "about:blank", "title": _TITLES.get(status, "Error"), "status": status,
+                "detail": detail, **extra}
+        return Response(body, status_code=status, media_type=PROBLEM, headers=headers)
+    template = "error.html"
+    if request.headers.get("hx-request"):  # show it in the page's message area
+        template = "partials/error.html"
+        headers.update({"HX-Retarget": "#flash", "HX-Reswap": "innerHTML"})
+    return Template(
+        template, context={"status": status, "title": _TITLES.get(status, "Error"), "detail": detail},
+        status_code=status, media_type=MediaType.HTML, headers=headers,
+    )
+
+
+EXCEPTION_HANDLERS = {Exception: handle, HTTPException: handle}

@@ -1,0 +1,162 @@
+"""A worker for Python agents that have a database connection.
+
+    async def handle(todo):            # may also be a plain function (run in a thread)
+        return {"sent": True}          # the result; raise to fail the attempt
+
+    await Worker(dsn, ["emails"], handle, owner="mailer-1").run()
+
+It claims from its queues, waits on NOTIFY hints (polling every `poll_interval` seconds
+in case a hint never comes), heartbeats while the handler runs, completes with the
+handler's return value and fails with the exception text. On SIGTERM or SIGINT it stops
+claiming, gives running handlers `grace` seconds to finish, then releases what it holds.
+
+Handlers must be idempotent: delivery is at-least-once (a lease that lapses mid-work
+makes the todo claimable again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import os
+import signal
+import socket
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from dashboard import db as dbmod
+from dashboard.errors import SwitchboardError
+from dashboard.models import Todo, check_queues, check_ttl
+from dashboard.store import Store
+
+log = logging.getLogger("switchboard.worker")
+CHANNEL = "switchboard"
+
+
+def default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Worker:
+    def __init__(
+        self,
+        dsn: str,
+        queues: Sequence[str],
+        handler: Callable[[Todo], Any],
+        *,
+        owner: str | None = None,
+        ttl: float = 30,
+        concurrency: int = 1,
+        poll_interval: float = 5.0,
+        grace: float = 10.0,
+    ):
+        self.dsn = dsn
+        self.queues = check_queues(list(queues))
+        self.handler = handler
+        self.owner = owner or default_owner()
+        self.ttl = check_ttl(ttl)
+        self.concurrency = concurrency
+        self.poll_interval = poll_interval
+        self.grace = grace
+        self._stopping = asyncio.Event()
+        self._hint = asyncio.Event()
+        self._running: dict[asyncio.Task, Todo] = {}
+        self.processed = 0
+
+    def stop(self) -> None:
+        """Stop claiming; running handlers get `grace` seconds before their todos are released."""
+        self._stopping.set()
+        self._hint.set()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.stop)
+        pool = await dbmod.create_pool(self.dsn, min_size=1, max_size=self.concurrency + 1)
+        listener = await dbmod.connect(self.dsn)
+        await listener.add_listener(CHANNEL, self._on_hint)
+        store = Store(pool)
+        try:
+            await self._claim_loop(store)
+            await self._drain(store)
+        finally:
+            with contextlib.suppress(Exception):
+                await listener.close()
+            await pool.close()
+
+    def _on_hint(self, _conn, _pid, _channel, payload: str) -> None:
+        with contextlib.suppress(ValueError):
+            if json.loads(payload).get("queue") in self.queues:
+                self._hint.set()
+
+    async def _claim_loop(self, store: Store) -> None:
+        while not self._stopping.is_set():
+            free = self.concurrency - len(self._running)
+            if free <= 0:
+                await asyncio.wait(list(self._running), return_when=asyncio.FIRST_COMPLETED)
+                continue
+            self._hint.clear()
+            try:
+                todos = await store.claim_batch(self.queues, self.owner, self.ttl, free)
+            except (TimeoutError, OSError, SwitchboardError):
+                log.exception("claim failed; retrying after the poll interval")
+                todos = []
+            for todo in todos:
+                task = asyncio.create_task(self._process(store, todo))
+                self._running[task] = todo
+                task.add_done_callback(self._running.pop)
+            if not todos:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._hint.wait(), self.poll_interval)
+
+    async def _drain(self, store: Store) -> None:
+        if not self._running:
+            return
+        _, pending = await asyncio.wait(list(self._running), timeout=self.grace)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _process(self, store: Store, todo: Todo) -> None:
+        beat = asyncio.create_task(self._heartbeat(store, todo))
+        try:
+            result = await self._call(todo)
+        except asyncio.CancelledError:
+            with contextlib.suppress(SwitchboardError):
+                await asyncio.shield(store.release(todo.id, self.owner, todo.lease_token))
+            raise
+        except Exception as exc:
+            text = "".join(traceback.format_exception_only(exc)).strip()
+            await self._settle(store.fail(todo.id, self.owner, todo.lease_token, text[-8000:]))
+        else:
+            if result is not None and not isinstance(result, dict):
+                result = {"value": result}
+            await self._settle(store.complete(todo.id, self.owner, todo.lease_token, result))
+            self.processed += 1
+        finally:
+            beat.cancel()
+
+    async def _call(self, todo: Todo) -> Any:
+        if inspect.iscoroutinefunction(self.handler):
+            return await self.handler(todo)
+        return await asyncio.to_thread(self.handler, todo)
+
+    async def _settle(self, transition) -> None:
+        try:
+            await transition
+        except SwitchboardError as exc:  # e.g. the lease lapsed and someone else has it
+            log.warning("%s", exc)
+
+    async def _heartbeat(self, store: Store, todo: Todo) -> None:
+        while True:
+            await asyncio.sleep(self.ttl / 3)
+            try:
+                await store.heartbeat(todo.id, self.owner, todo.lease_token, self.ttl)
+            except SwitchboardError as exc:
+                log.warning("lost the lease: %s", exc)
+                return
