@@ -15,6 +15,7 @@ from dashboard.errors import InvalidInput, SwitchboardError
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         return args.run(args) or 0
     except SwitchboardError as exc:

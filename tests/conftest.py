@@ -120,3 +120,91 @@ async def conn(dsn):
 @pytest.fixture
 def store(pool) -> Store:
     return Store(pool)
+
+
+# -- the web app ---------------------------------------------------------------------
+
+@pytest.fixture
+async def app(dsn, pool):
+    from dashboard.web.app import create_app, load_secrets
+
+    return create_app(dsn, await load_secrets(dbmod.Database(dsn=dsn, pool=pool)), pool_size=4)
+
+
+@pytest.fixture
+async def client(app):
+    """An in-process HTTP client; the app's lifespan (hub, reaper) runs around it."""
+    from litestar.testing import AsyncTestClient
+
+    async with AsyncTestClient(app, base_url="http://testserver.local") as client:
+        yield client
+
+
+async def login(client, pool, name: str = "olga", role: str = "operator") -> str:
+    """Create an operator and log the client in; returns the CSRF token for later posts."""
+    from dashboard.accounts import Accounts
+
+    password = await Accounts(pool).add_operator(name, role)
+    await client.get("/login")
+    token = client.cookies.get("csrftoken")
+    response = await client.post(
+        "/login", data={"name": name, "password": password, "_csrf_token": token},
+        follow_redirects=False,
+    )
+    assert response.status_code == 303, response.text
+    return token
+
+
+async def agent_token(pool, agent: str = "bot", queues=("work",)) -> dict:
+    """Authorization headers for a new API token."""
+    from dashboard.accounts import Accounts
+
+    _, secret = await Accounts(pool).add_token(agent, list(queues))
+    return {"Authorization": f"Bearer {secret}"}
+
+
+@pytest.fixture(scope="session")
+def live_server(server_dsn, template_db, tmp_path_factory):
+    """`switchboard serve` in a subprocess on a free port, on its own database.
+
+    Yields (base_url, dsn). Tests share it, so each uses its own queue names.
+    """
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    name, url = make_database(server_dsn, template_db)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log_path = tmp_path_factory.mktemp("live") / "server.log"
+    log = open(log_path, "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dashboard.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        env={**os.environ, "DATABASE_URL": url}, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited:\n{log_path.read_text()}")
+            try:
+                urllib.request.urlopen(base + "/healthz", timeout=1)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"server did not answer:\n{log_path.read_text()}") from None
+                time.sleep(0.1)
+        yield base, url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        run(_drop(server_dsn, name))

@@ -1,5 +1,5 @@
-"""The app factory. The lifespan owns the LISTEN hub and the reaper; the database is
-handed in already open (by `switchboard up`/`serve`, or by tests) and closed by its owner."""
+"""The app factory. The lifespan owns the pool, the LISTEN hub and the reaper; the caller
+(`switchboard up`/`serve`, or a test) says which database and has already migrated it."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from litestar.template.config import TemplateConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from dashboard.accounts import Accounts
-from dashboard.db import Database
+from dashboard.db import Database, create_pool
 from dashboard.notify import Hub
 from dashboard.reads import Reads
 from dashboard.reaper import run_reaper
@@ -82,14 +82,17 @@ async def healthz() -> dict:
     return {"ok": True}
 
 
-def create_app(db: Database, secrets: WebSecrets, *, reaper: bool = True) -> Litestar:
+def create_app(dsn: str, secrets: WebSecrets, *, reaper: bool = True, pool_size: int = 10) -> Litestar:
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        hub = Hub(db.dsn)
+        pool = await create_pool(dsn, max_size=pool_size)
+        app.state.update(db=Database(dsn=dsn, pool=pool), store=Store(pool), reads=Reads(pool),
+                         accounts=Accounts(pool))
+        hub = Hub(dsn)
         await hub.start()
         app.state.hub = hub
         stop = asyncio.Event()
-        task = asyncio.create_task(run_reaper(Store(db.pool), stop=stop)) if reaper else None
+        task = asyncio.create_task(run_reaper(Store(pool), stop=stop)) if reaper else None
         try:
             yield
         finally:
@@ -97,6 +100,7 @@ def create_app(db: Database, secrets: WebSecrets, *, reaper: bool = True) -> Lit
             if task:
                 await task
             await hub.stop()
+            await pool.close()
 
     def provide_store(request: Request) -> Store:
         return request.app.state.store
@@ -112,8 +116,7 @@ def create_app(db: Database, secrets: WebSecrets, *, reaper: bool = True) -> Lit
             create_static_files_router(path="/static", directories=[ROOT / "static"],
                                        include_in_schema=False),
         ],
-        state=State({"db": db, "store": Store(db.pool), "reads": Reads(db.pool),
-                     "has_operators": False}),
+        state=State({"has_operators": False}),
         dependencies={"store": Provide(provide_store, sync_to_thread=False),
                       "reads": Provide(provide_reads, sync_to_thread=False)},
         template_config=TemplateConfig(directory=ROOT / "templates", engine=JinjaTemplateEngine,

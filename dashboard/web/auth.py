@@ -14,7 +14,7 @@ from litestar.exceptions import NotAuthorizedException, PermissionDeniedExceptio
 from litestar.handlers import BaseRouteHandler
 from litestar.response import Redirect, Template
 
-from dashboard.accounts import Accounts, Agent, Operator
+from dashboard.accounts import Agent, Operator
 
 SESSION_MAX_AGE = 8 * 3600
 
@@ -31,7 +31,7 @@ async def current_operator(request: Request) -> Operator | None:
     name = (request.session or {}).get("operator") if "session" in request.scope else None
     if not name:
         return None
-    operator = await Accounts(request.app.state.db.pool).operator(name)
+    operator = await request.app.state.accounts.operator(name)
     request.scope["operator"] = operator
     return operator
 
@@ -40,7 +40,7 @@ async def require_login(request: Request) -> Any:
     """before_request for dashboard routes: the login page for anyone not logged in."""
     state = request.app.state
     if not state.has_operators:
-        state.has_operators = await Accounts(state.db.pool).has_operators()
+        state.has_operators = await state.accounts.has_operators()
         if not state.has_operators:
             return Template("no_operators.html", status_code=503)
     if await current_operator(request) is None:
@@ -64,7 +64,7 @@ async def require_agent(request: Request) -> Agent:
     scheme, _, secret = header.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         raise NotAuthorizedException("send Authorization: Bearer <token>")
-    agent = await Accounts(request.app.state.db.pool).agent_for(secret.strip())
+    agent = await request.app.state.accounts.agent_for(secret.strip())
     if agent is None:
         raise NotAuthorizedException("the token is unknown or revoked")
     return agent

@@ -14,7 +14,6 @@ from litestar.exceptions import NotFoundException
 from litestar.response import Redirect, ServerSentEvent, ServerSentEventMessage, Template
 from markupsafe import escape
 
-from dashboard.accounts import Accounts
 from dashboard.errors import Conflict, InvalidInput, NotFound
 from dashboard.models import DEFAULT_MAX_ATTEMPTS, NewTodo, check_queue
 from dashboard.reads import LIST_STATES, Reads, TodoFilter
@@ -131,7 +130,7 @@ async def login(request: Request) -> Template | Redirect:
     target = form.get("next") or "/"
     if not target.startswith("/") or target.startswith("//"):
         target = "/"
-    operator = await Accounts(request.app.state.db.pool).login(name, password)
+    operator = await request.app.state.accounts.login(name, password)
     if operator is None:
         return Template("login.html", status_code=401, context={
             "next": target, "error": "That name and password do not match an operator.", "name": name})
@@ -306,14 +305,14 @@ async def create_todo(request: Request, store: Store) -> Template | Redirect:
 
 @get("/tokens")
 async def tokens_page(request: Request) -> Template:
-    tokens = await Accounts(request.app.state.db.pool).list_tokens()
+    tokens = await request.app.state.accounts.list_tokens()
     return await page(request, "tokens.html", tokens=tokens, new_secret=None)
 
 
 @post("/tokens", guards=[operators_only])
 async def add_token(request: Request) -> Template:
     form = await request.form()
-    accounts = Accounts(request.app.state.db.pool)
+    accounts = request.app.state.accounts
     queues = [q.strip() for q in form.get("queues", "").split(",") if q.strip()]
     error, secret = None, None
     try:
@@ -326,7 +325,7 @@ async def add_token(request: Request) -> Template:
 
 @post("/tokens/{token_id:str}/revoke", guards=[operators_only])
 async def revoke_token(request: Request, token_id: str) -> Redirect:
-    await Accounts(request.app.state.db.pool).revoke_token(token_id, actor=actor(request))
+    await request.app.state.accounts.revoke_token(token_id, actor=actor(request))
     return back_to(request, "/tokens", f"token {token_id} revoked")
 
 

@@ -15,11 +15,11 @@ FIRST_OPERATOR = "admin"
 
 
 async def _run(host: str, port: int, newcomer: bool) -> None:
-    db = await open_database()
+    db = await open_database(max_size=2)  # migrations, the first operator, the secrets
     try:
         if newcomer:
             await _first_operator(db)
-        app = create_app(db, await load_secrets(db))
+        app = create_app(db.dsn, await load_secrets(db))
         config = uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=2,
                                 log_level="info", access_log=False, lifespan="on")
         server = uvicorn.Server(config)
