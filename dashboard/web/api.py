@@ -11,7 +11,7 @@ import msgspec
 from litestar import Request, Response, Router, get, post
 from litestar.di import Provide
 from litestar.openapi.spec import Example
-from litestar.params import Parameter
+from litestar.params import Parameter, QueryParameter
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED, HTTP_204_NO_CONTENT
 
@@ -234,7 +234,7 @@ async def list_todos(
     agent: Agent, reads: Reads,
     queue: str | None = None,
     state_filter: Annotated[
-        str | None, Parameter(query="state", description=f"one of {', '.join(LIST_STATES)}")
+        str | None, QueryParameter(name="state", description=f"one of {', '.join(LIST_STATES)}")
     ] = None,
     limit: Annotated[int, Parameter(ge=1, le=MAX_PAGE)] = 50,
     after: Annotated[str | None, Parameter(description="the `next` of the previous page")] = None,

@@ -6,6 +6,7 @@ one; anonymous browsers are sent to /login; viewers may look but not change anyt
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from litestar import Request
@@ -28,8 +29,12 @@ async def current_operator(request: Request) -> Operator | None:
     cached = request.scope.get("operator")
     if cached is not None:
         return cached
-    name = (request.session or {}).get("operator") if "session" in request.scope else None
-    if not name:
+    session = (request.session or {}) if "session" in request.scope else {}
+    name, login_at = session.get("operator"), session.get("login_at")
+    if not name or not login_at:
+        return None
+    age = datetime.now(UTC) - datetime.fromisoformat(login_at)
+    if age.total_seconds() > SESSION_MAX_AGE:  # the cookie's Max-Age is only advice
         return None
     operator = await request.app.state.accounts.operator(name)
     request.scope["operator"] = operator
