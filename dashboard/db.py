@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 import asyncpg
 
 from dashboard.errors import DatabaseUnavailable
+from dashboard.models import json_encode
 
 DEFAULT_DATA_DIR = ".pgdata"
 
@@ -103,9 +104,7 @@ def check_url(url: str) -> None:
 
 async def init_connection(conn: asyncpg.Connection) -> None:
     """jsonb in and out as Python objects."""
-    await conn.set_type_codec(
-        "jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
-    )
+    await conn.set_type_codec("jsonb", encoder=json_encode, decoder=json.loads, schema="pg_catalog")
 
 
 async def connect(dsn: str, **kwargs) -> asyncpg.Connection:

@@ -17,6 +17,10 @@ class Conflict(SwitchboardError):
         self.current = current or {}
 
 
+class OutOfScope(SwitchboardError):
+    """The todo is in a queue the caller's API token does not cover."""
+
+
 class InvalidInput(SwitchboardError):
     """An argument is out of bounds or malformed; names the field."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime
 from typing import Any
@@ -11,13 +12,15 @@ import msgspec
 from dashboard.errors import InvalidInput, TooLarge
 
 STATES = ("pending", "claimed", "done", "failed")
-QUEUE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+QUEUE_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")  # always fullmatch
 TTL_MIN, TTL_MAX = 1, 12 * 3600
 MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX = 1, 100
 MAX_JSON_BYTES = 256 * 1024  # payload and result, as encoded JSON (SQS's message limit)
 MAX_TEXT = 1000  # title, kind, source, assignee, owner, idempotency key
 MAX_ERROR = 8000
 DEFAULT_MAX_ATTEMPTS = 5
+MAX_LEASE = 2**63 - 1  # lease tokens are bigint
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")  # an unescaped \u0000 in JSON text
 
 
 class Todo(msgspec.Struct, kw_only=True):
@@ -78,7 +81,7 @@ class Created(msgspec.Struct, kw_only=True):
 
 
 def check_queue(name: Any, field: str = "queue") -> str:
-    if not isinstance(name, str) or not QUEUE_NAME.match(name):
+    if not isinstance(name, str) or not QUEUE_NAME.fullmatch(name):
         raise InvalidInput(
             field, f"{name!r} is not a queue name (lowercase letters, digits, _ . -; 1-63 chars, "
             "starting with a letter or digit)"
@@ -113,10 +116,21 @@ def check_max_attempts(value: Any) -> int:
 def check_json_object(value: Any, field: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InvalidInput(field, "must be a JSON object")
-    size = len(msgspec.json.encode(value))
+    try:
+        encoded = json_encode(value)
+    except (TypeError, ValueError, msgspec.EncodeError) as exc:
+        raise InvalidInput(field, f"must hold only JSON values ({exc})") from None
+    size = len(encoded.encode())
     if size > MAX_JSON_BYTES:
         raise TooLarge(field, f"is {size} bytes as JSON; the limit is {MAX_JSON_BYTES}")
+    if _JSON_NUL.search(encoded):  # PostgreSQL's jsonb cannot hold it
+        raise InvalidInput(field, "must not contain the NUL character (\\u0000)")
     return value
+
+
+def json_encode(value: Any) -> str:
+    """JSON for PostgreSQL: strict (NaN and infinities refused), as jsonb's codec sends it."""
+    return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
 
 
 def check_text(value: Any, field: str, *, required: bool = False, limit: int = MAX_TEXT):
@@ -126,7 +140,15 @@ def check_text(value: Any, field: str, *, required: bool = False, limit: int = M
         raise InvalidInput(field, "is required" if required else "must be text")
     if len(value) > limit:
         raise InvalidInput(field, f"is longer than {limit} characters")
+    if "\x00" in value:
+        raise InvalidInput(field, "must not contain the NUL character")
     return value
+
+
+def check_lease(lease: Any) -> int:
+    if isinstance(lease, bool) or not isinstance(lease, int) or not 0 <= lease <= MAX_LEASE:
+        raise InvalidInput("lease", "must be the whole number the claim returned")
+    return lease
 
 
 def check_new_todo(item: NewTodo) -> NewTodo:
@@ -134,6 +156,8 @@ def check_new_todo(item: NewTodo) -> NewTodo:
     check_text(item.title, "title", required=True)
     for field in ("kind", "source", "idempotency_key", "assignee"):
         check_text(getattr(item, field), field)
+    if item.idempotency_key is not None and not item.idempotency_key.strip():
+        raise InvalidInput("idempotency_key", "must not be empty (leave it out for no key)")
     check_json_object(item.payload, "payload")
     check_max_attempts(item.max_attempts)
     if item.event is not None:

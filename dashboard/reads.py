@@ -12,6 +12,7 @@ import asyncpg
 from dashboard.errors import InvalidInput, NotFound
 from dashboard.models import STATES, Todo, check_queue
 from dashboard.queries import READS as SQL
+from dashboard.store import check_id
 
 # A list filter's state: the four states, plus the two faces of pending.
 LIST_STATES = ("ready", "retrying", *STATES)
@@ -155,7 +156,7 @@ class Reads:
         return [r["id"] for r in await self.db.fetch(SQL["dead_letter_ids"], queue)]
 
     async def todo(self, todo_id: str) -> Todo:
-        row = await self.db.fetchrow(SQL["todo"], todo_id)
+        row = await self.db.fetchrow(SQL["todo"], check_id(todo_id))
         if row is None:
             raise NotFound(f"no todo {todo_id}")
         return Todo.from_record(row)

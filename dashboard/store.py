@@ -16,13 +16,14 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from dashboard.errors import Conflict, InvalidInput, NotFound, TooLarge
+from dashboard.errors import Conflict, InvalidInput, NotFound, OutOfScope, TooLarge
 from dashboard.models import (
     MAX_ERROR,
     Created,
     NewTodo,
     Todo,
     check_json_object,
+    check_lease,
     check_new_todo,
     check_queues,
     check_text,
@@ -75,7 +76,7 @@ class Store:
                 check_new_todo(item)
             except InvalidInput as exc:
                 field = f"todos[{i}].{exc.field}" if len(items) > 1 else exc.field
-                raise InvalidInput(field, exc.message) from None
+                raise type(exc)(field, exc.message) from None
 
         # One row per distinct (queue, key); later duplicates count as hits on the first.
         ids: list[str] = []
@@ -138,47 +139,56 @@ class Store:
     async def claim(self, todo_id: str, owner: str, ttl: float) -> Todo:
         """Claim one todo by id (due, and not assigned to someone else)."""
         _check_owner(owner)
-        record = await self.db.fetchrow(SQL["claim"], todo_id, owner, check_ttl(ttl))
+        record = await self.db.fetchrow(SQL["claim"], check_id(todo_id), owner, check_ttl(ttl))
         if record is None:
             raise await self._miss(todo_id, "claim", owner)
         return Todo.from_record(record)
 
-    async def heartbeat(self, todo_id: str, owner: str, lease: int, ttl: float) -> Todo:
+    # The agent transitions below take `scope`: when given (an API token's queues), a todo
+    # outside it is refused with OutOfScope, whoever holds it.
+
+    async def heartbeat(self, todo_id: str, owner: str, lease: int, ttl: float, *, scope=None) -> Todo:
         """Extend the lease to ttl seconds from now."""
-        record = await self.db.fetchrow(SQL["heartbeat"], todo_id, owner, lease, check_ttl(ttl))
-        return await self._one(record, todo_id, "heartbeat", owner, lease)
+        record = await self.db.fetchrow(
+            SQL["heartbeat"], check_id(todo_id), owner, check_lease(lease), check_ttl(ttl), _scope(scope))
+        return await self._one(record, todo_id, "heartbeat", owner, lease, scope)
 
-    async def release(self, todo_id: str, owner: str, lease: int) -> Todo:
+    async def release(self, todo_id: str, owner: str, lease: int, *, scope=None) -> Todo:
         """Give the todo back to the queue; the attempt stays counted."""
-        record = await self.db.fetchrow(SQL["release"], todo_id, owner, lease)
-        return await self._one(record, todo_id, "release", owner, lease)
+        record = await self.db.fetchrow(
+            SQL["release"], check_id(todo_id), owner, check_lease(lease), _scope(scope))
+        return await self._one(record, todo_id, "release", owner, lease, scope)
 
-    async def complete(self, todo_id: str, owner: str, lease: int, result: dict | None = None) -> Todo:
-        done, _ = await self._complete_and_claim(owner, [(todo_id, lease, result)], [], 1, 0)
+    async def complete(
+        self, todo_id: str, owner: str, lease: int, result: dict | None = None, *, scope=None
+    ) -> Todo:
+        done, _ = await self._complete_and_claim(owner, [(todo_id, lease, result)], [], 1, 0, scope)
         return done[0]
 
     async def complete_many(
-        self, owner: str, items: Sequence[tuple[str, int, dict | None]]
+        self, owner: str, items: Sequence[tuple[str, int, dict | None]], *, scope=None
     ) -> list[Todo]:
-        """Complete (id, lease, result) items in one statement; all or a Conflict."""
-        done, _ = await self._complete_and_claim(owner, items, [], 1, 0)
+        """Complete (id, lease, result) items in one statement: all of them, or a Conflict
+        and none."""
+        done, _ = await self._complete_and_claim(owner, items, [], 1, 0, scope)
         return done
 
     async def complete_and_claim_next(
         self, todo_id: str, owner: str, lease: int, result: dict | None,
-        queues: Sequence[str], ttl: float,
+        queues: Sequence[str], ttl: float, *, scope=None,
     ) -> tuple[Todo, Todo | None]:
         """Complete one todo and claim the next, in one round trip and one commit."""
         done, claimed = await self._complete_and_claim(
-            owner, [(todo_id, lease, result)], queues, ttl, 1
+            owner, [(todo_id, lease, result)], queues, ttl, 1, scope
         )
         return done[0], (claimed[0] if claimed else None)
 
-    async def fail(self, todo_id: str, owner: str, lease: int, error: str) -> Todo:
+    async def fail(self, todo_id: str, owner: str, lease: int, error: str, *, scope=None) -> Todo:
         """Below max_attempts: pending with a retry time; at the cap: dead-lettered."""
         error = check_text(error, "error", required=True, limit=MAX_ERROR)
-        record = await self.db.fetchrow(SQL["fail"], todo_id, owner, lease, error)
-        return await self._one(record, todo_id, "fail", owner, lease)
+        record = await self.db.fetchrow(
+            SQL["fail"], check_id(todo_id), owner, check_lease(lease), error, _scope(scope))
+        return await self._one(record, todo_id, "fail", owner, lease, scope)
 
     # -- the reaper ------------------------------------------------------------------
 
@@ -204,7 +214,7 @@ class Store:
     async def retry(self, todo_id: str, operator: str, *, one_more: bool = False) -> Todo:
         """Dead-letter back to pending: a fresh budget, or (one_more) one more attempt."""
         try:
-            record = await self.db.fetchrow(SQL["retry"], todo_id, operator, one_more)
+            record = await self.db.fetchrow(SQL["retry"], check_id(todo_id), operator, one_more)
         except asyncpg.UniqueViolationError:
             raise await self._key_taken(todo_id) from None
         if record is None:
@@ -226,7 +236,7 @@ class Store:
 
     async def force_release(self, todo_id: str, operator: str) -> Todo:
         """Take a lease back from an agent that is gone; recorded with the operator's name."""
-        record = await self.db.fetchrow(SQL["force_release"], todo_id, operator)
+        record = await self.db.fetchrow(SQL["force_release"], check_id(todo_id), operator)
         if record is None:
             raise await self._miss(todo_id, "force-release", operator)
         return Todo.from_record(record)
@@ -235,7 +245,7 @@ class Store:
 
     async def _complete_and_claim(
         self, owner: str, to_complete: Sequence[tuple[str, int, dict | None]],
-        queues: Sequence[str], ttl: float, n: int,
+        queues: Sequence[str], ttl: float, n: int, scope=None,
     ) -> tuple[list[Todo], list[Todo]]:
         _check_owner(owner)
         if n:
@@ -244,18 +254,28 @@ class Store:
             raise InvalidInput("n", f"batches hold 0 to {MAX_BATCH} todos")
         ids, leases, results = [], [], []
         for todo_id, lease, result in to_complete:
-            ids.append(todo_id)
-            leases.append(lease)
+            ids.append(check_id(todo_id))
+            leases.append(check_lease(lease))
             results.append(None if result is None else check_json_object(result, "result"))
-        records = await self.db.fetch(
-            SQL["complete_and_claim"], list(queues), owner, float(ttl), n, ids, leases, results
-        )
-        completed = [Todo.from_record(r) for r in records if r["part"] == "completed"]
-        if len(completed) < len(ids):
-            missing = set(ids) - {t.id for t in completed}
-            todo_id, lease = next((i, le) for i, le, _ in to_complete if i in missing)
-            raise await self._miss(todo_id, "complete", owner, lease)
-        return completed, [Todo.from_record(r) for r in records if r["part"] == "claimed"]
+        if len(set(ids)) < len(ids):
+            raise InvalidInput("todos", "the same todo appears twice")
+        args = (SQL["complete_and_claim"], list(queues), owner, float(ttl), n, ids, leases, results,
+                _scope(scope))
+        if len(ids) < 2:  # a miss changed nothing: no transaction needed
+            records = await self.db.fetch(*args)
+            await self._check_completed(records, to_complete, owner, scope)
+        else:  # all or none: a miss rolls back the others
+            async with self._transaction() as conn:
+                records = await conn.fetch(*args)
+                await self._check_completed(records, to_complete, owner, scope)
+        return ([Todo.from_record(r) for r in records if r["part"] == "completed"],
+                [Todo.from_record(r) for r in records if r["part"] == "claimed"])
+
+    async def _check_completed(self, records, to_complete, owner: str, scope) -> None:
+        done = {r["id"] for r in records if r["part"] == "completed"}
+        for todo_id, lease, _ in to_complete:
+            if todo_id not in done:
+                raise await self._miss(todo_id, "complete", owner, lease, scope)
 
     @asynccontextmanager
     async def _transaction(self):
@@ -266,20 +286,24 @@ class Store:
             async with self.db.transaction():
                 yield self.db
 
-    async def _one(self, record, todo_id: str, action: str, owner: str, lease: int) -> Todo:
+    async def _one(self, record, todo_id: str, action: str, owner: str, lease: int, scope=None) -> Todo:
         if record is None:
-            raise await self._miss(todo_id, action, owner, lease)
+            raise await self._miss(todo_id, action, owner, lease, scope)
         return Todo.from_record(record)
 
-    async def _miss(self, todo_id: str, action: str, actor: str, lease: int | None = None):
+    async def _miss(self, todo_id: str, action: str, actor: str, lease: int | None = None, scope=None):
         """Classify a guarded transition that matched nothing."""
         row = await self.db.fetchrow(SQL["classify_miss"], todo_id)
         if row is None:
             return NotFound(f"no todo {todo_id}")
+        if scope is not None and row["queue"] not in scope:
+            return OutOfScope(f"todo {todo_id} is in queue {row['queue']}, which this token does not cover")
         state, owner, assignee = row["state"], row["owner"], row["assignee"]
         facts = f"it is {state}"
         if state == "claimed":
             facts += f" by {owner}"
+        elif owner:
+            facts += f" (last owner {owner})"
         if state == "pending" and row["next_retry_at"] and row["next_retry_at"] > row["now"]:
             facts += f", retrying at {row['next_retry_at'].isoformat()}"
         if assignee:
@@ -307,3 +331,14 @@ class Store:
 
 def _check_owner(owner: Any) -> None:
     check_text(owner, "owner", required=True)
+
+
+def check_id(todo_id: Any) -> str:
+    """A todo id PostgreSQL can look up; anything else cannot name a todo."""
+    if not isinstance(todo_id, str) or len(todo_id) > 100 or "\x00" in todo_id:
+        raise NotFound(f"no todo {todo_id!r}")
+    return todo_id
+
+
+def _scope(scope) -> list[str] | None:
+    return None if scope is None else list(scope)

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import msgspec
 from litestar import Request, Response, Router, get, post
 from litestar.di import Provide
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Example
 from litestar.params import Parameter, QueryParameter
 from litestar.response import ServerSentEvent, ServerSentEventMessage
@@ -17,14 +18,43 @@ from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED, HTTP_204_NO_CON
 
 from dashboard.accounts import Agent
 from dashboard.errors import InvalidInput
-from dashboard.models import Created, NewTodo, Todo, check_queues, check_ttl
+from dashboard.models import MAX_LEASE, Created, NewTodo, Todo, check_queues, check_ttl
 from dashboard.reads import LIST_STATES, MAX_PAGE, Reads, TodoFilter
 from dashboard.store import Store
 from dashboard.web.auth import may_use, require_agent
+from dashboard.web.errors import PROBLEM
 
 MAX_WAIT = 60.0
 POLL_FALLBACK = 5.0  # a waiting claim re-checks this often even when no hint arrives
 CHANNEL_KEEPALIVE = 15.0
+
+
+Lease = Annotated[int, msgspec.Meta(ge=0, le=MAX_LEASE, description="the lease token the claim returned")]
+
+
+class Problem(msgspec.Struct):
+    """RFC 9457 problem details; `field` names the offending input when there is one."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    field: str | None = None
+
+
+def _problem(description: str) -> ResponseSpec:
+    return ResponseSpec(data_container=Problem, media_type=PROBLEM, description=description)
+
+
+_BAD_INPUT = {
+    400: _problem("Malformed JSON or a value of the wrong type"),
+    401: _problem("No valid bearer token (missing, unknown or revoked)"),
+    403: _problem("The token does not cover the queue"),
+    413: _problem("The body, a payload or a result is over its size limit"),
+    422: _problem("A value out of bounds (ttl, max_attempts, queue name, wait…)"),
+}
+ON_TODO = {**_BAD_INPUT, 404: _problem("No todo with that id"),
+           409: _problem("The todo's state, owner or lease does not allow it (says which)")}
 
 
 class TodoOut(Todo, kw_only=True):
@@ -68,12 +98,12 @@ class ClaimByIdIn(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class HeartbeatIn(msgspec.Struct, forbid_unknown_fields=True):
-    lease: int
+    lease: Lease
     ttl: float = 30
 
 
 class ReleaseIn(msgspec.Struct, forbid_unknown_fields=True):
-    lease: int
+    lease: Lease
 
 
 class NextIn(msgspec.Struct, forbid_unknown_fields=True):
@@ -82,7 +112,7 @@ class NextIn(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class CompleteIn(msgspec.Struct, forbid_unknown_fields=True):
-    lease: int
+    lease: Lease
     result: dict[str, Any] | None = None
     next: NextIn | None = None
 
@@ -93,7 +123,7 @@ class CompleteOut(msgspec.Struct):
 
 
 class FailIn(msgspec.Struct, forbid_unknown_fields=True):
-    lease: int
+    lease: Lease
     error: str
 
 
@@ -146,14 +176,17 @@ async def claim_waiting(
 
 @post("/todos", status_code=HTTP_201_CREATED, summary="Create a todo",
       description="201 with the new todo; 200 with the live todo that already holds the "
-                  "idempotency key (the duplicate is counted in its dedupe_hits).")
+                  "idempotency key (the duplicate is counted in its dedupe_hits).",
+      responses={200: ResponseSpec(data_container=CreatedOut, description="The live todo that holds the key"),
+                 **_BAD_INPUT})
 async def create_todo(data: NewTodo, agent: Agent, store: Store) -> Response[CreatedOut]:
     may_use(agent, [data.queue])
     created = await store.create(data, actor=f"agent:{agent.name}")
     return Response(created_out(created), status_code=HTTP_201_CREATED if created.created else HTTP_200_OK)
 
 
-@post("/todos/batch", status_code=HTTP_200_OK, summary="Create many todos in one request")
+@post("/todos/batch", status_code=HTTP_200_OK, summary="Create many todos in one request",
+      responses=_BAD_INPUT)
 async def create_batch(data: BatchIn, agent: Agent, store: Store) -> BatchOut:
     may_use(agent, {t.queue for t in data.todos})
     results = await store.create_many(data.todos, actor=f"agent:{agent.name}")
@@ -163,7 +196,8 @@ async def create_batch(data: BatchIn, agent: Agent, store: Store) -> BatchOut:
 @post("/claims", status_code=HTTP_200_OK, summary="Claim the next todo from a set of queues",
       description="With `wait` (seconds, up to 60) the request blocks until work arrives; "
                   "204 when none came in time.",
-      responses={204: None})
+      responses={204: ResponseSpec(data_container=None, description="No todo came within `wait`"),
+                 **_BAD_INPUT})
 async def claim_next(request: Request, data: ClaimIn, agent: Agent, store: Store) -> Response[TodoOut | None]:
     queues = check_queues(data.queues)
     may_use(agent, queues)
@@ -182,43 +216,49 @@ async def _todo_in_scope(reads: Reads, agent: Agent, todo_id: str) -> Todo:
     return todo
 
 
-@post("/todos/{todo_id:str}/claim", status_code=HTTP_200_OK, summary="Claim one todo by id")
+@post("/todos/{todo_id:str}/claim", status_code=HTTP_200_OK, summary="Claim one todo by id",
+      responses=ON_TODO)
 async def claim(todo_id: str, data: ClaimByIdIn, agent: Agent, store: Store, reads: Reads) -> TodoOut:
     await _todo_in_scope(reads, agent, todo_id)
     return out(await store.claim(todo_id, agent.name, data.ttl))
 
 
-@post("/todos/{todo_id:str}/heartbeat", status_code=HTTP_200_OK, summary="Extend the lease")
+@post("/todos/{todo_id:str}/heartbeat", status_code=HTTP_200_OK, summary="Extend the lease",
+      responses=ON_TODO)
 async def heartbeat(todo_id: str, data: HeartbeatIn, agent: Agent, store: Store) -> TodoOut:
-    return out(await store.heartbeat(todo_id, agent.name, data.lease, data.ttl))
+    return out(await store.heartbeat(todo_id, agent.name, data.lease, data.ttl, scope=agent.queues))
 
 
-@post("/todos/{todo_id:str}/release", status_code=HTTP_200_OK, summary="Give the todo back")
+@post("/todos/{todo_id:str}/release", status_code=HTTP_200_OK, summary="Give the todo back",
+      responses=ON_TODO)
 async def release(todo_id: str, data: ReleaseIn, agent: Agent, store: Store) -> TodoOut:
-    return out(await store.release(todo_id, agent.name, data.lease))
+    return out(await store.release(todo_id, agent.name, data.lease, scope=agent.queues))
 
 
 @post("/todos/{todo_id:str}/complete", status_code=HTTP_200_OK,
-      summary="Complete the todo (and, with `next`, claim the next one in the same commit)")
+      summary="Complete the todo (and, with `next`, claim the next one in the same commit)",
+      responses=ON_TODO)
 async def complete(todo_id: str, data: CompleteIn, agent: Agent, store: Store) -> CompleteOut:
     if data.next is None:
-        return CompleteOut(todo=out(await store.complete(todo_id, agent.name, data.lease, data.result)))
+        done = await store.complete(todo_id, agent.name, data.lease, data.result, scope=agent.queues)
+        return CompleteOut(todo=out(done))
     queues = check_queues(data.next.queues)
     may_use(agent, queues)
     done, nxt = await store.complete_and_claim_next(
-        todo_id, agent.name, data.lease, data.result, queues, data.next.ttl)
+        todo_id, agent.name, data.lease, data.result, queues, data.next.ttl, scope=agent.queues)
     return CompleteOut(todo=out(done), next=out(nxt))
 
 
 @post("/todos/{todo_id:str}/fail", status_code=HTTP_200_OK,
-      summary="Fail this attempt: retried later below max_attempts, dead-lettered at the cap")
+      summary="Fail this attempt: retried later below max_attempts, dead-lettered at the cap",
+      responses=ON_TODO)
 async def fail(todo_id: str, data: FailIn, agent: Agent, store: Store) -> FailOut:
-    todo = await store.fail(todo_id, agent.name, data.lease, data.error)
+    todo = await store.fail(todo_id, agent.name, data.lease, data.error, scope=agent.queues)
     return FailOut(todo=out(todo), will_retry=todo.state == "pending", retry_at=todo.next_retry_at,
                    dead_lettered=todo.state == "failed")
 
 
-@get("/todos/{todo_id:str}", summary="One todo with its history")
+@get("/todos/{todo_id:str}", summary="One todo with its history", responses=ON_TODO)
 async def get_todo(todo_id: str, agent: Agent, reads: Reads) -> TodoDetailOut:
     await _todo_in_scope(reads, agent, todo_id)
     detail = await reads.todo_detail(todo_id)
@@ -229,7 +269,7 @@ async def get_todo(todo_id: str, agent: Agent, reads: Reads) -> TodoDetailOut:
     )
 
 
-@get("/todos", summary="List todos, newest first (keyset-paginated with `after`)")
+@get("/todos", summary="List todos, newest first (keyset-paginated with `after`)", responses=_BAD_INPUT)
 async def list_todos(
     agent: Agent, reads: Reads,
     queue: str | None = None,
@@ -248,7 +288,8 @@ async def list_todos(
 
 @get("/channels", summary="Server-Sent Events: a hint whenever work may be claimable",
      description="Events: `hint` (data: {\"queue\": …}), `resync` (hints may have been lost: "
-                 "try to claim), and keepalive comments every 15 s.")
+                 "try to claim), and keepalive comments every 15 s.",
+     responses=_BAD_INPUT)
 async def channels(
     request: Request, agent: Agent,
     queues: Annotated[str, Parameter(description="comma-separated queue names",

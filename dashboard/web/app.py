@@ -20,7 +20,7 @@ from litestar.plugins.htmx import HTMXPlugin
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from litestar.types import Message, Scope
 
 from dashboard.accounts import Accounts
 from dashboard.db import Database, create_pool
@@ -53,27 +53,18 @@ async def load_secrets(db: Database) -> WebSecrets:
     )
 
 
-def security_headers(app: ASGIApp) -> ASGIApp:
-    """CSP (no inline script, ever) and friends on every response but the API docs page."""
+async def security_headers(message: Message, scope: Scope) -> None:
+    """CSP (no inline script, ever) and friends on every response but the API docs page.
 
-    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await app(scope, receive, send)
-            return
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = MutableScopeHeaders.from_message(message)
-                if not scope["path"].startswith(DOCS_PATH):
-                    headers["Content-Security-Policy"] = CSP
-                headers["X-Content-Type-Options"] = "nosniff"
-                headers["Referrer-Policy"] = "same-origin"
-                headers["X-Frame-Options"] = "DENY"
-            await send(message)
-
-        await app(scope, receive, send_with_headers)
-
-    return middleware
+    A before_send hook, so it also covers responses made by the app-level exception
+    handler (a refused CSRF token, say), which middleware would not see."""
+    if message["type"] == "http.response.start":
+        headers = MutableScopeHeaders.from_message(message)
+        if not scope["path"].startswith(DOCS_PATH):
+            headers["Content-Security-Policy"] = CSP
+        headers["X-Content-Type-Options"] = "nosniff"
+        headers["Referrer-Policy"] = "same-origin"
+        headers["X-Frame-Options"] = "DENY"
 
 
 @get("/healthz", exclude_from_csrf=True, include_in_schema=False, skip_session=True)
@@ -124,8 +115,8 @@ def create_app(dsn: str, secrets: WebSecrets, *, reaper: bool = True, pool_size:
         plugins=[HTMXPlugin()],
         csrf_config=CSRFConfig(secret=secrets.csrf, cookie_httponly=True, cookie_samesite="strict",
                                exclude=["/api/"]),
+        before_send=[security_headers],
         middleware=[
-            security_headers,
             CookieBackendConfig(secret=secrets.session, max_age=SESSION_MAX_AGE, httponly=True,
                                 samesite="strict", exclude=["/api/", "/static/"]).middleware,
         ],

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from litestar import Request
+from litestar import Request, Response
 from litestar.connection import ASGIConnection
 from litestar.exceptions import NotAuthorizedException, PermissionDeniedException
 from litestar.handlers import BaseRouteHandler
@@ -24,19 +24,18 @@ class LoginRequired(NotAuthorizedException):
     """A browser without a session: sent to the login page."""
 
 
-async def current_operator(request: Request) -> Operator | None:
+async def current_operator(request: ASGIConnection) -> Operator | None:
     """The logged-in operator, re-read from the database (so removal takes effect)."""
-    cached = request.scope.get("operator")
-    if cached is not None:
-        return cached
+    if "operator" in request.scope:
+        return request.scope["operator"]
     session = (request.session or {}) if "session" in request.scope else {}
     name, login_at = session.get("operator"), session.get("login_at")
     if not name or not login_at:
         return None
     age = datetime.now(UTC) - datetime.fromisoformat(login_at)
-    if age.total_seconds() > SESSION_MAX_AGE:  # the cookie's Max-Age is only advice
-        return None
-    operator = await request.app.state.accounts.operator(name)
+    operator = None
+    if age.total_seconds() <= SESSION_MAX_AGE:  # the cookie's Max-Age is only advice
+        operator = await request.app.state.accounts.operator(name)
     request.scope["operator"] = operator
     return operator
 
@@ -49,17 +48,26 @@ async def require_login(request: Request) -> Any:
         if not state.has_operators:
             return Template("no_operators.html", status_code=503)
     if await current_operator(request) is None:
-        target = "/login?next=" + request.url.path
-        if request.headers.get("hx-request"):
-            return Redirect(target, headers={"HX-Redirect": target}, status_code=303)
-        return Redirect(target, status_code=303)
+        return to_login(request)
     return None
 
 
+def to_login(request: ASGIConnection) -> Response:
+    """The login page, for a browser (303) or for htmx (HX-Redirect: an XHR would follow a 303
+    itself and swap the login page into the fragment)."""
+    target = "/login?next=" + request.url.path
+    if request.headers.get("hx-request"):
+        return Response(None, status_code=401, headers={"HX-Redirect": target})
+    return Redirect(target, status_code=303)
+
+
 async def operators_only(connection: ASGIConnection, _: BaseRouteHandler) -> None:
-    """Guard for state-changing dashboard routes: viewers get 403."""
-    operator = connection.scope.get("operator")
-    if operator is None or not operator.can_change:
+    """Guard for state-changing dashboard routes (guards run before before_request hooks):
+    anonymous callers go to the login page, viewers get 403."""
+    operator = await current_operator(connection)
+    if operator is None:
+        raise LoginRequired("log in first")
+    if not operator.can_change:
         raise PermissionDeniedException("viewers can look but not change anything")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+import asyncpg
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException, NotAuthorizedException
 from litestar.exceptions import ValidationException as LitestarValidation
@@ -16,15 +17,19 @@ from dashboard.errors import (
     DatabaseUnavailable,
     InvalidInput,
     NotFound,
+    OutOfScope,
     SwitchboardError,
     TooLarge,
 )
+from dashboard.web.auth import LoginRequired, to_login
 
 log = logging.getLogger("switchboard.web")
 PROBLEM = "application/problem+json"
 
-_STATUS = [(NotFound, 404), (Conflict, 409), (TooLarge, 413), (InvalidInput, 422),
-           (DatabaseUnavailable, 503)]
+_STATUS = [(NotFound, 404), (OutOfScope, 403), (Conflict, 409), (TooLarge, 413), (InvalidInput, 422),
+           # PostgreSQL refused a value (class 22, "data exception"): the caller's input.
+           (asyncpg.DataError, 422), (DatabaseUnavailable, 503), (OSError, 503),
+           (asyncpg.InterfaceError, 503)]
 _TITLES = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found",
            405: "Method not allowed", 409: "Conflict", 413: "Content too large",
            422: "Invalid input", 429: "Too many requests", 500: "Internal server error",
@@ -55,6 +60,10 @@ def detail_of(exc: Exception, status: int) -> tuple[str, dict]:
         return ("; ".join(messages) or exc.detail), ({"field": fields[0]} if fields else {})
     if isinstance(exc, HTTPException):
         return exc.detail, {}
+    if isinstance(exc, asyncpg.DataError):
+        return f"PostgreSQL cannot take this input: {exc}", {}
+    if isinstance(exc, OSError | asyncpg.InterfaceError):
+        return "the database is unreachable right now; try again shortly", {}
     return str(exc), {}
 
 
@@ -66,6 +75,8 @@ def wants_json(request: Request) -> bool:
 
 
 def handle(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, LoginRequired) and not wants_json(request):
+        return to_login(request)
     status = status_of(exc)
     if status >= 500:
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)

@@ -14,7 +14,7 @@ from litestar.exceptions import NotFoundException
 from litestar.response import Redirect, ServerSentEvent, ServerSentEventMessage, Template
 from markupsafe import escape
 
-from dashboard.errors import Conflict, InvalidInput, NotFound
+from dashboard.errors import InvalidInput, NotFound
 from dashboard.models import DEFAULT_MAX_ATTEMPTS, NewTodo, check_queue
 from dashboard.reads import LIST_STATES, Reads, TodoFilter
 from dashboard.store import Store
@@ -99,8 +99,10 @@ async def leases_context(reads: Reads) -> dict:
     return {"leases": await reads.leases()}
 
 
-async def dead_context(request: Request, reads: Reads, report: str | None = None) -> dict:
-    queue = request.query_params.get("queue") or None
+async def dead_context(
+    request: Request, reads: Reads, report: str | None = None, queue: str | None = None
+) -> dict:
+    queue = queue or request.query_params.get("queue") or None
     if queue:
         check_queue(queue)
     result = await reads.dead_letters(queue, limit=PAGE_SIZE, after=request.query_params.get("after"))
@@ -204,33 +206,27 @@ async def todo_partial(request: Request, reads: Reads, todo_id: str) -> Template
 @post("/todos/{todo_id:str}/retry", guards=[operators_only])
 async def retry_todo(request: Request, store: Store, reads: Reads, todo_id: str) -> Template | Redirect:
     form = await request.form()
-    try:
-        todo = await store.retry(todo_id, actor(request), one_more=budget(form))
-        message, kind = f"{todo.id} retried: pending again", "ok"
-    except Conflict as exc:
-        message, kind = str(exc), "error"
+    todo = await store.retry(todo_id, actor(request), one_more=budget(form))
+    message = f"{todo.id} retried: pending again"
     if request.htmx:
-        return partial("partials/todo.html", operator=request.scope["operator"], notice=(kind, message),
+        return partial("partials/todo.html", operator=request.scope["operator"], notice=("ok", message),
                        **await todo_context(reads, todo_id))
-    return back_to(request, f"/todos/{todo_id}", message, kind)
+    return back_to(request, f"/todos/{todo_id}", message)
 
 
 @post("/todos/{todo_id:str}/release", guards=[operators_only])
 async def release_todo(request: Request, store: Store, reads: Reads, todo_id: str) -> Template | Redirect:
     form = await request.form()
-    try:
-        todo = await store.force_release(todo_id, actor(request))
-        message, kind = f"lease on {todo.id} released: pending again", "ok"
-    except Conflict as exc:
-        message, kind = str(exc), "error"
+    todo = await store.force_release(todo_id, actor(request))
+    message = f"lease on {todo.id} released: pending again"
     from_leases = form.get("back") == "leases"
     if request.htmx:
         if from_leases:
             return partial("partials/leases.html", operator=request.scope["operator"],
-                           notice=(kind, message), **await leases_context(reads))
-        return partial("partials/todo.html", operator=request.scope["operator"], notice=(kind, message),
+                           notice=("ok", message), **await leases_context(reads))
+        return partial("partials/todo.html", operator=request.scope["operator"], notice=("ok", message),
                        **await todo_context(reads, todo_id))
-    return back_to(request, "/leases" if from_leases else f"/todos/{todo_id}", message, kind)
+    return back_to(request, "/leases" if from_leases else f"/todos/{todo_id}", message)
 
 
 @post("/dead/retry", guards=[operators_only])
@@ -249,7 +245,7 @@ async def retry_dead(request: Request, store: Store, reads: Reads) -> Template |
     report = await store.retry_many(ids, actor(request), one_more=one_more)
     summary = report.summary()
     if request.htmx:
-        context = await dead_context(request, reads, report=summary)
+        context = await dead_context(request, reads, report=summary, queue=queue)
         return partial("partials/dead.html", operator=request.scope["operator"], **context)
     return back_to(request, "/dead" + (f"?queue={queue}" if queue else ""), summary,
                    "error" if report.refused else "ok")

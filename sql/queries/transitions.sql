@@ -39,7 +39,9 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[]);
 -- $5 (lease tokens $6, results $7) held by owner $2, then — only if every one of them
 -- completed — claim up to $4 of the oldest claimable todos in queues $1 with a lease of
 -- $3 seconds. With no todos to complete it is claim_next / claim_batch; with $4 = 0 it
--- is complete / complete_many. Rows come back tagged 'completed', then 'claimed'.
+-- is complete / complete_many. $8, when not null, limits completions to those queues
+-- (an API token's). Rows come back tagged 'completed', then 'claimed'.
+-- The `id = ANY (…)` forms keep every row lookup on the primary key, in generic plans too.
 WITH to_complete AS (
     SELECT * FROM unnest($5::text[], $6::bigint[], $7::jsonb[]) AS i(id, lease, result)
 ), completed AS (
@@ -47,7 +49,9 @@ WITH to_complete AS (
     SET state = 'done', result = c.result, lease_expires_at = NULL, heartbeat_at = NULL,
         completed_at = clock_timestamp(), updated_at = clock_timestamp()
     FROM to_complete c
-    WHERE t.id = c.id AND t.state = 'claimed' AND t.owner = $2 AND t.lease_token = c.lease
+    WHERE t.id = ANY ($5::text[]) AND t.id = c.id
+      AND t.state = 'claimed' AND t.owner = $2 AND t.lease_token = c.lease
+      AND ($8::text[] IS NULL OR t.queue = ANY ($8::text[]))
     RETURNING t.*
 ), picked AS (
     SELECT id FROM todos
@@ -65,7 +69,7 @@ WITH to_complete AS (
         lease_expires_at = clock_timestamp() + make_interval(secs => $3),
         claimed_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
         updated_at = clock_timestamp()
-    FROM picked WHERE t.id = picked.id
+    WHERE t.id = ANY (ARRAY (SELECT id FROM picked))
     RETURNING t.*
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
@@ -100,12 +104,14 @@ SELECT * FROM claimed;
 
 -- name: heartbeat
 -- Extend the lease of todo $1 (owner $2, lease $3) to $4 seconds from now. Succeeds on a
--- lapsed lease the reaper has not yet taken, as SQS does.
+-- lapsed lease the reaper has not yet taken, as SQS does. $5: allowed queues (or null),
+-- as in every agent transition below.
 WITH beat AS (
     UPDATE todos
     SET lease_expires_at = clock_timestamp() + make_interval(secs => $4),
         heartbeat_at = clock_timestamp(), updated_at = clock_timestamp()
     WHERE id = $1 AND state = 'claimed' AND owner = $2 AND lease_token = $3
+      AND ($5::text[] IS NULL OR queue = ANY ($5::text[]))
     RETURNING *
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
@@ -114,12 +120,14 @@ WITH beat AS (
 SELECT * FROM beat;
 
 -- name: release
--- Give todo $1 back (owner $2, lease $3). The attempt stays counted, as in SQS.
+-- Give todo $1 back (owner $2, lease $3; allowed queues $4). The attempt stays counted,
+-- as in SQS.
 WITH released AS (
     UPDATE todos
     SET state = 'pending', owner = NULL, lease_expires_at = NULL, heartbeat_at = NULL,
         updated_at = clock_timestamp()
     WHERE id = $1 AND state = 'claimed' AND owner = $2 AND lease_token = $3
+      AND ($4::text[] IS NULL OR queue = ANY ($4::text[]))
     RETURNING *
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
@@ -128,8 +136,8 @@ WITH released AS (
 SELECT * FROM released;
 
 -- name: fail
--- Todo $1 (owner $2, lease $3) failed with error $4: back to pending with a retry time
--- below max_attempts, dead-lettered (failed) at the cap.
+-- Todo $1 (owner $2, lease $3; allowed queues $5) failed with error $4: back to pending
+-- with a retry time below max_attempts, dead-lettered (failed) at the cap.
 WITH failed AS (
     UPDATE todos
     SET state = CASE WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END::todo_state,
@@ -140,6 +148,7 @@ WITH failed AS (
         lease_expires_at = NULL, heartbeat_at = NULL, last_error = $4,
         updated_at = clock_timestamp()
     WHERE id = $1 AND state = 'claimed' AND owner = $2 AND lease_token = $3
+      AND ($5::text[] IS NULL OR queue = ANY ($5::text[]))
     RETURNING *
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
@@ -151,7 +160,7 @@ SELECT * FROM failed;
 -- Up to $1 claimed todos whose lease lapsed: treated as a failure of their owner. Safe
 -- with many reapers at once: each locks different rows, and the guard is re-checked.
 WITH expired AS (
-    SELECT id, owner FROM todos
+    SELECT id FROM todos
     WHERE state = 'claimed' AND lease_expires_at < now()
     ORDER BY lease_expires_at
     LIMIT $1
@@ -164,10 +173,10 @@ WITH expired AS (
         completed_at = CASE WHEN attempt >= max_attempts THEN clock_timestamp() END,
         owner = CASE WHEN attempt >= max_attempts THEN t.owner END,
         lease_expires_at = NULL, heartbeat_at = NULL,
-        last_error = 'lease expired (owner ' || expired.owner || ')',
+        last_error = 'lease expired (owner ' || t.owner || ')',
         updated_at = clock_timestamp()
-    FROM expired
-    WHERE t.id = expired.id AND t.state = 'claimed' AND t.lease_expires_at < now()
+    WHERE t.id = ANY (ARRAY (SELECT id FROM expired))
+      AND t.state = 'claimed' AND t.lease_expires_at < now()
     RETURNING t.*
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
@@ -186,7 +195,7 @@ WITH due AS (
     FOR UPDATE SKIP LOCKED
 ), promoted AS (
     UPDATE todos t SET next_retry_at = NULL, updated_at = clock_timestamp()
-    FROM due WHERE t.id = due.id AND t.state = 'pending'
+    WHERE t.id = ANY (ARRAY (SELECT id FROM due)) AND t.state = 'pending'
     RETURNING t.*
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
@@ -235,7 +244,7 @@ SELECT * FROM updated;
 
 -- name: classify_miss
 -- Why a guarded transition on todo $1 matched nothing.
-SELECT state, owner, assignee, lease_token, next_retry_at, now() AS now
+SELECT queue, state, owner, assignee, lease_token, next_retry_at, now() AS now
 FROM todos WHERE id = $1;
 
 -- name: live_todo_with_key
@@ -251,4 +260,4 @@ WITH old AS (
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM todos t USING old WHERE t.id = old.id;
+DELETE FROM todos WHERE id = ANY (ARRAY (SELECT id FROM old));
