@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -93,8 +94,9 @@ class CommandWorker:
             stop.cancel()
             if not run.done():  # SIGTERM mid-run: give the command its grace period
                 done, _ = await asyncio.wait({run}, timeout=GRACE)
-                if not done:
-                    proc.kill()
+                if not done:  # the whole process group: a shell may have forked the command
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
                     await run
                     await self.call(f"/todos/{todo_id}/release", {"lease": lease})
                     log.info("released %s", todo_id)

@@ -97,8 +97,10 @@ class Worker:
     async def _claim_loop(self, store: Store) -> None:
         while not self._stopping.is_set():
             free = self.concurrency - len(self._running)
-            if free <= 0:
-                await asyncio.wait(list(self._running), return_when=asyncio.FIRST_COMPLETED)
+            if free <= 0:  # every slot busy: wait for one to free up, or for stop()
+                stopping = asyncio.create_task(self._stopping.wait())
+                await asyncio.wait([*self._running, stopping], return_when=asyncio.FIRST_COMPLETED)
+                stopping.cancel()
                 continue
             self._hint.clear()
             try:

@@ -292,10 +292,10 @@ async def list_todos(
      responses=_BAD_INPUT)
 async def channels(
     request: Request, agent: Agent,
-    queues: Annotated[str, Parameter(description="comma-separated queue names",
-                                     examples=[Example(value="emails,reports")])],
+    queues: Annotated[str | None, Parameter(description="comma-separated queue names (required)",
+                                            examples=[Example(value="emails,reports")])] = None,
 ) -> ServerSentEvent:
-    names = check_queues([q.strip() for q in queues.split(",") if q.strip()])
+    names = check_queues([q.strip() for q in (queues or "").split(",") if q.strip()])
     may_use(agent, names)
     hub = request.app.state.hub
 

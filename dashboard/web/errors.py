@@ -29,7 +29,8 @@ PROBLEM = "application/problem+json"
 _STATUS = [(NotFound, 404), (OutOfScope, 403), (Conflict, 409), (TooLarge, 413), (InvalidInput, 422),
            # PostgreSQL refused a value (class 22, "data exception"): the caller's input.
            (asyncpg.DataError, 422), (DatabaseUnavailable, 503), (OSError, 503),
-           (asyncpg.InterfaceError, 503)]
+           (asyncpg.InterfaceError, 503),
+           (RecursionError, 400)]  # JSON nested deeper than the decoder goes
 _TITLES = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found",
            405: "Method not allowed", 409: "Conflict", 413: "Content too large",
            422: "Invalid input", 429: "Too many requests", 500: "Internal server error",
@@ -60,6 +61,8 @@ def detail_of(exc: Exception, status: int) -> tuple[str, dict]:
         return ("; ".join(messages) or exc.detail), ({"field": fields[0]} if fields else {})
     if isinstance(exc, HTTPException):
         return exc.detail, {}
+    if isinstance(exc, RecursionError):
+        return "the JSON is nested too deeply", {}
     if isinstance(exc, asyncpg.DataError):
         return f"PostgreSQL cannot take this input: {exc}", {}
     if isinstance(exc, OSError | asyncpg.InterfaceError):
