@@ -34,7 +34,8 @@
   }
 
   document.addEventListener("DOMContentLoaded", function () { stamp(document); });
-  document.addEventListener("htmx:afterSwap", function (e) { stamp(e.detail.target.parentNode || document); });
+  document.addEventListener("htmx:afterSwap", function (e) { var swapped = e.detail.target || e.target;
+    stamp((swapped && swapped.parentNode) || document); });
   setInterval(tick, 1000);
 
   document.addEventListener("change", function (e) {

@@ -99,15 +99,13 @@ async def leases_context(reads: Reads) -> dict:
     return {"leases": await reads.leases()}
 
 
-async def dead_context(
-    request: Request, reads: Reads, report: str | None = None, queue: str | None = None
-) -> dict:
+async def dead_context(request: Request, reads: Reads, queue: str | None = None) -> dict:
     queue = queue or request.query_params.get("queue") or None
     if queue:
         check_queue(queue)
     result = await reads.dead_letters(queue, limit=PAGE_SIZE, after=request.query_params.get("after"))
     queues = [s.queue for s in await reads.queue_stats() if s.dead]
-    return {"page": result, "queue": queue, "queues": queues, "report": report}
+    return {"page": result, "queue": queue, "queues": queues}
 
 
 async def todo_context(reads: Reads, todo_id: str) -> dict:
@@ -245,8 +243,9 @@ async def retry_dead(request: Request, store: Store, reads: Reads) -> Template |
     report = await store.retry_many(ids, actor(request), one_more=one_more)
     summary = report.summary()
     if request.htmx:
-        context = await dead_context(request, reads, report=summary, queue=queue)
-        return partial("partials/dead.html", operator=request.scope["operator"], **context)
+        context = await dead_context(request, reads, queue=queue)
+        notice = ("error" if report.refused else "ok", summary)
+        return partial("partials/dead.html", operator=request.scope["operator"], notice=notice, **context)
     return back_to(request, "/dead" + (f"?queue={queue}" if queue else ""), summary,
                    "error" if report.refused else "ok")
 
