@@ -105,9 +105,13 @@ class Reads:
         ]
 
     async def list_todos(
-        self, filters: TodoFilter, *, limit: int = 50, after: str | None = None
+        self, filters: TodoFilter, *, limit: int = 50, after: str | None = None,
+        newest_by: str = "created_at",
     ) -> Page:
-        """Newest first, keyset-paginated by (created_at, id)."""
+        """Newest first by `newest_by` (created_at, or completed_at for finished todos),
+        keyset-paginated by (that column, id)."""
+        if newest_by not in ("created_at", "completed_at"):
+            raise ValueError(newest_by)
         if not 1 <= limit <= MAX_PAGE:
             raise InvalidInput("limit", f"must be from 1 to {MAX_PAGE}")
         clauses, args = [], []
@@ -134,23 +138,31 @@ class Reads:
             clauses.append(f"(id = {exact} OR idempotency_key = {exact} OR title ILIKE {like})")
         if after:
             at, todo_id = decode_cursor(after)
-            clauses.append(f"(created_at, id) < ({bind(at)}, {bind(todo_id)})")
+            clauses.append(f"({newest_by}, id) < ({bind(at)}, {bind(todo_id)})")
         where = " AND ".join(clauses) or "true"
         rows = await self.db.fetch(
-            f"SELECT * FROM todos WHERE {where} ORDER BY created_at DESC, id DESC "
+            f"SELECT * FROM todos WHERE {where} ORDER BY {newest_by} DESC, id DESC "
             f"LIMIT {bind(limit + 1)}",
             *args,
         )
         items = [Todo.from_record(r) for r in rows[:limit]]
-        return Page(items, encode_cursor(items[-1]) if len(rows) > limit else None)
+        return Page(items, encode_cursor(items[-1], newest_by) if len(rows) > limit else None)
 
     async def leases(self, queue: str | None = None, limit: int = MAX_PAGE) -> list[dict]:
         return [dict(r) for r in await self.db.fetch(SQL["leases"], queue, limit)]
 
+    async def lease_count(self) -> int:
+        return await self.db.fetchval(SQL["lease_count"])
+
     async def dead_letters(
         self, queue: str | None = None, *, limit: int = 50, after: str | None = None
     ) -> Page:
-        return await self.list_todos(TodoFilter(queue=queue, state="failed"), limit=limit, after=after)
+        """Newest death first."""
+        return await self.list_todos(TodoFilter(queue=queue, state="failed"), limit=limit, after=after,
+                                     newest_by="completed_at")
+
+    async def dead_letter_queues(self) -> list[str]:
+        return [r["queue"] for r in await self.db.fetch(SQL["dead_letter_queues"])]
 
     async def dead_letter_ids(self, queue: str | None = None) -> list[str]:
         return [r["id"] for r in await self.db.fetch(SQL["dead_letter_ids"], queue)]

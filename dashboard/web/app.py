@@ -31,6 +31,7 @@ from dashboard.store import Store
 from dashboard.web import api, pages, templating
 from dashboard.web.auth import SESSION_MAX_AGE
 from dashboard.web.errors import EXCEPTION_HANDLERS
+from dashboard.web.stats_cache import StatsCache
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 MAX_BODY = 8 * 1024 * 1024  # a batch of todos; each payload is limited to 256 KiB on its own
@@ -82,6 +83,7 @@ def create_app(dsn: str, secrets: WebSecrets, *, reaper: bool = True, pool_size:
         hub = Hub(dsn)
         await hub.start()
         app.state.hub = hub
+        app.state.stats = StatsCache(app.state.reads, hub)
         stop = asyncio.Event()
         task = asyncio.create_task(run_reaper(Store(pool), stop=stop)) if reaper else None
         try:
@@ -90,6 +92,7 @@ def create_app(dsn: str, secrets: WebSecrets, *, reaper: bool = True, pool_size:
             stop.set()
             if task:
                 await task
+            app.state.stats.close()
             await hub.stop()
             await pool.close()
 

@@ -23,6 +23,7 @@ from dashboard.web.auth import current_operator, operators_only, require_login
 HINT_MIN_INTERVAL = 0.5  # a page gets at most two refresh hints a second
 SSE_KEEPALIVE = 15.0
 PAGE_SIZE = 50
+LEASES_SHOWN = 100  # soonest expiry first; the rest are counted
 
 
 # -- helpers -------------------------------------------------------------------------
@@ -69,8 +70,8 @@ def budget(form) -> bool:
 
 # -- context builders -----------------------------------------------------------------
 
-async def overview_context(reads: Reads) -> dict:
-    stats = await reads.queue_stats()
+async def overview_context(request: Request) -> dict:
+    stats = await request.app.state.stats.get()
     return {"stats": stats, "totals": {
         k: sum(getattr(s, k) for s in stats)
         for k in ("ready", "retrying", "claimed", "lapsed", "done_recent", "dead")
@@ -96,7 +97,9 @@ async def queue_context(request: Request, reads: Reads, queue: str) -> dict:
 
 
 async def leases_context(reads: Reads) -> dict:
-    return {"leases": await reads.leases()}
+    leases = await reads.leases(limit=LEASES_SHOWN)
+    total = await reads.lease_count() if len(leases) == LEASES_SHOWN else len(leases)
+    return {"leases": leases, "total": total}
 
 
 async def dead_context(request: Request, reads: Reads, queue: str | None = None) -> dict:
@@ -104,8 +107,7 @@ async def dead_context(request: Request, reads: Reads, queue: str | None = None)
     if queue:
         check_queue(queue)
     result = await reads.dead_letters(queue, limit=PAGE_SIZE, after=request.query_params.get("after"))
-    queues = [s.queue for s in await reads.queue_stats() if s.dead]
-    return {"page": result, "queue": queue, "queues": queues}
+    return {"page": result, "queue": queue, "queues": await reads.dead_letter_queues()}
 
 
 async def todo_context(reads: Reads, todo_id: str) -> dict:
@@ -147,13 +149,13 @@ async def logout(request: Request) -> Redirect:
 # -- pages and partials ------------------------------------------------------------------
 
 @get("/")
-async def overview(request: Request, reads: Reads) -> Template:
-    return await page(request, "overview.html", **await overview_context(reads))
+async def overview(request: Request) -> Template:
+    return await page(request, "overview.html", **await overview_context(request))
 
 
 @get("/partials/overview")
-async def overview_partial(reads: Reads) -> Template:
-    return partial("partials/overview.html", **await overview_context(reads))
+async def overview_partial(request: Request) -> Template:
+    return partial("partials/overview.html", **await overview_context(request))
 
 
 @get("/queues/{queue:str}")

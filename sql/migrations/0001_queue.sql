@@ -57,22 +57,25 @@ CREATE TABLE todos (
     CONSTRAINT retry_only_when_pending CHECK (next_retry_at IS NULL OR state = 'pending')
 );
 
--- The claim scan for one queue walks this index in created_at order (no sort).
-CREATE INDEX todos_pending_by_queue ON todos (queue, created_at) WHERE state = 'pending';
+-- The claim scan for a rare queue, and the overview's ready/retrying counts and oldest
+-- ready age per queue (next_retry_at included so the counts can be index-only).
+CREATE INDEX todos_pending_by_queue ON todos (queue, created_at) INCLUDE (next_retry_at)
+    WHERE state = 'pending';
 -- The claim scan over several queues walks pending work in created_at order across all
 -- queues; queue is in the index so other queues' rows are skipped without a heap visit.
 CREATE INDEX todos_pending_by_age ON todos (created_at, queue) WHERE state = 'pending';
 -- Enqueue dedupe: one live todo per (queue, idempotency_key).
 CREATE UNIQUE INDEX todos_dedupe ON todos (queue, idempotency_key)
     WHERE idempotency_key IS NOT NULL AND state NOT IN ('done', 'failed');
--- Leases: the reaper and the leases page.
-CREATE INDEX todos_leases ON todos (lease_expires_at) WHERE state = 'claimed';
+-- Leases: the reaper, the leases page and the claimed/lapsed counts per queue.
+CREATE INDEX todos_leases ON todos (lease_expires_at) INCLUDE (queue) WHERE state = 'claimed';
 -- Retry promotion and the "retrying" counts.
 CREATE INDEX todos_retrying ON todos (next_retry_at) WHERE state = 'pending' AND next_retry_at IS NOT NULL;
--- Dead-letters page.
-CREATE INDEX todos_dead ON todos (queue, completed_at) WHERE state = 'failed';
--- Throughput and pruning of finished todos.
-CREATE INDEX todos_finished ON todos (completed_at) WHERE state IN ('done', 'failed');
+-- Dead-letters page (newest death first, keyset) and the dead counts per queue.
+CREATE INDEX todos_dead ON todos (completed_at, id) INCLUDE (queue) WHERE state = 'failed';
+-- Throughput, "done (recent)" and pruning of finished todos.
+CREATE INDEX todos_finished ON todos (completed_at) INCLUDE (queue, state)
+    WHERE state IN ('done', 'failed');
 -- The queue page and the API list: newest first, keyset-paginated, any state.
 CREATE INDEX todos_by_queue ON todos (queue, created_at, id);
 CREATE INDEX todos_event ON todos (event_id) WHERE event_id IS NOT NULL;

@@ -51,6 +51,9 @@ WHERE state = 'claimed' AND ($1::text IS NULL OR queue = $1)
 ORDER BY lease_expires_at, id
 LIMIT $2;
 
+-- name: lease_count
+SELECT count(*) FROM todos WHERE state = 'claimed';
+
 -- name: todo
 SELECT * FROM todos WHERE id = $1;
 
@@ -65,3 +68,7 @@ SELECT * FROM events WHERE id = $1;
 -- "Retry all that match": every dead-letter, in queue $1 when given.
 SELECT id FROM todos WHERE state = 'failed' AND ($1::text IS NULL OR queue = $1)
 ORDER BY completed_at;
+
+-- name: dead_letter_queues
+-- The dead-letters page's queue menu (an index-only scan of todos_dead).
+SELECT DISTINCT queue FROM todos WHERE state = 'failed' ORDER BY queue;
