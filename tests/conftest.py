@@ -7,6 +7,7 @@ A template database is migrated once per session; each test gets its own clone
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import tempfile
@@ -70,10 +71,10 @@ def template_db(server_dsn):
 
     run(make())
     yield name
-    run(_drop(server_dsn, name))
+    run(drop_database(server_dsn, name))
 
 
-async def _drop(server_dsn: str, name: str) -> None:
+async def drop_database(server_dsn: str, name: str) -> None:
     conn = await asyncpg.connect(server_dsn)
     try:
         await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -81,26 +82,37 @@ async def _drop(server_dsn: str, name: str) -> None:
         await conn.close()
 
 
-def make_database(server_dsn: str, template: str) -> tuple[str, str]:
+def make_database(server_dsn: str, template: str | None = None) -> tuple[str, str]:
+    """A new database (a clone of `template`, or empty): its name and URL."""
     name = f"sb_test_{os.getpid()}_{next(_counter)}"
+    sql = f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else "")
 
-    async def clone():
+    async def create():
         conn = await asyncpg.connect(server_dsn)
         try:
-            await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+            await conn.execute(sql)
         finally:
             await conn.close()
 
-    run(clone())
+    run(create())
     return name, with_database(server_dsn, name)
+
+
+@contextlib.contextmanager
+def scratch_database(server_dsn: str, template: str | None = None):
+    """`make_database`, dropped on exit; yields its URL."""
+    name, url = make_database(server_dsn, template)
+    try:
+        yield url
+    finally:
+        run(drop_database(server_dsn, name))
 
 
 @pytest.fixture
 def dsn(server_dsn, template_db):
     """A fresh, migrated database for this test; its URL."""
-    name, url = make_database(server_dsn, template_db)
-    yield url
-    run(_drop(server_dsn, name))
+    with scratch_database(server_dsn, template_db) as url:
+        yield url
 
 
 @pytest.fixture
@@ -207,4 +219,4 @@ def live_server(server_dsn, template_db, tmp_path_factory):
             proc.kill()
             proc.wait()
         log.close()
-        run(_drop(server_dsn, name))
+        run(drop_database(server_dsn, name))

@@ -21,7 +21,7 @@ from dashboard import db as dbmod
 from dashboard.accounts import Accounts
 from dashboard.models import MAX_JSON_BYTES, NewTodo
 from dashboard.store import Store
-from tests.conftest import _drop, agent_token, make_database, run
+from tests.conftest import agent_token, scratch_database
 
 API = "/api/v1"
 PROBLEM = "application/problem+json"
@@ -38,9 +38,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 @pytest.fixture(scope="module")
 def module_db(server_dsn, template_db):
-    name, url = make_database(server_dsn, template_db)
-    yield url
-    run(_drop(server_dsn, name))
+    with scratch_database(server_dsn, template_db) as url:
+        yield url
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -8,24 +8,22 @@ on it, then let go: the two really do race for the same empty database.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import os
 import shutil
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 
 from dashboard.errors import MigrationError
 from dashboard.migrate import ADVISORY_LOCK_KEY, MIGRATIONS_DIR, apply_migrations, load_migrations
+from tests.conftest import scratch_database
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL = [m.name for m in load_migrations()]
-_names = itertools.count()
 
 MIGRATE_SCRIPT = """
 import asyncio, json, sys
@@ -43,21 +41,11 @@ asyncio.run(main())
 """
 
 
-async def _on_server(server_dsn: str, sql: str) -> None:
-    conn = await asyncpg.connect(server_dsn)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
 @pytest.fixture
 def empty_dsn(server_dsn):
     """A new database with nothing in it; dropped afterwards."""
-    name = f"sb_mig_{os.getpid()}_{next(_names)}"
-    asyncio.run(_on_server(server_dsn, f'CREATE DATABASE "{name}"'))
-    yield urlunsplit(urlsplit(server_dsn)._replace(path="/" + name))
-    asyncio.run(_on_server(server_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with scratch_database(server_dsn) as url:
+        yield url
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ from dashboard import db as dbmod
 from dashboard.errors import Conflict, InvalidInput, NotFound
 from dashboard.models import NewTodo, Todo
 from dashboard.store import Store
-from tests.conftest import make_database
+from tests.conftest import drop_database, make_database
 
 QUEUES = ("a", "b")
 OWNERS = ("alice", "bob", "carol")
@@ -188,16 +188,10 @@ class QueueMachine(RuleBasedStateMachine):
         finally:
             try:
                 if self.db_name is not None:
-                    self.run(self._drop(self.db_name))  # WITH (FORCE): even if close failed
+                    self.run(drop_database(self.server_dsn, self.db_name))  # FORCE: even if close failed
             finally:
                 self.loop.close()
 
-    async def _drop(self, name: str) -> None:
-        conn = await asyncpg.connect(self.server_dsn)
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await conn.close()
 
     def run(self, coro):
         return self.loop.run_until_complete(coro)

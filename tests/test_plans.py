@@ -18,24 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 
 from dashboard.queries import TRANSITIONS
+from tests.conftest import scratch_database
 
 QUEUES = [f"q{i:02d}" for i in range(20)]
 SORTS = {"Sort", "Incremental Sort"}
-
-
-async def _on_server(server_dsn: str, sql: str) -> None:
-    conn = await asyncpg.connect(server_dsn)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
 
 
 async def _fill(dsn: str) -> None:
@@ -64,13 +55,9 @@ async def _fill(dsn: str) -> None:
 @pytest.fixture(scope="module")
 def big_db(server_dsn, template_db):
     """One database for the module: 250,000 todos, analyzed."""
-    name = f"sb_plans_{os.getpid()}"
-    url = urlunsplit(urlsplit(server_dsn)._replace(path="/" + name))
-    asyncio.run(_on_server(server_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    asyncio.run(_on_server(server_dsn, f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"'))
-    asyncio.run(_fill(url))
-    yield url
-    asyncio.run(_on_server(server_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with scratch_database(server_dsn, template_db) as url:
+        asyncio.run(_fill(url))
+        yield url
 
 
 @pytest.fixture

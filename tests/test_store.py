@@ -9,38 +9,24 @@ is far cheaper than CREATE DATABASE per test, and every test still starts from n
 
 from __future__ import annotations
 
-import asyncio
 import math
-import os
 from datetime import datetime, timedelta
-from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
 import pytest
 
 from dashboard import db as dbmod
 from dashboard.errors import Conflict, InvalidInput, NotFound
 from dashboard.models import MAX_JSON_BYTES, STATES, NewEvent, NewTodo, Todo
 from dashboard.store import MAX_BATCH, Store
+from tests.conftest import scratch_database
 
 # -- fixtures and helpers ----------------------------------------------------------------
 
 
-async def _on_server(server_dsn: str, sql: str) -> None:
-    conn = await asyncpg.connect(server_dsn)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
 @pytest.fixture(scope="module")
 def module_db(server_dsn, template_db):
-    name = f"sb_store_{os.getpid()}"
-    asyncio.run(_on_server(server_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    asyncio.run(_on_server(server_dsn, f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"'))
-    yield urlunsplit(urlsplit(server_dsn)._replace(path="/" + name))
-    asyncio.run(_on_server(server_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with scratch_database(server_dsn, template_db) as url:
+        yield url
 
 
 @pytest.fixture
