@@ -51,10 +51,10 @@ class Todo(msgspec.Struct, kw_only=True):
 
     @classmethod
     def from_record(cls, record) -> Todo:
-        return cls(**{k: record[k] for k in _TODO_FIELDS})
-
-
-_TODO_FIELDS = Todo.__struct_fields__
+        """From a `SELECT *` row of todos (a leading `part` column is dropped)."""
+        row = dict(record)
+        row.pop("part", None)
+        return cls(**row)
 
 
 class NewEvent(msgspec.Struct, kw_only=True):
@@ -113,7 +113,8 @@ def check_max_attempts(value: Any) -> int:
     return value
 
 
-def check_json_object(value: Any, field: str) -> dict[str, Any]:
+def check_json_object(value: Any, field: str) -> str:
+    """The object as the JSON text PostgreSQL will store (encoded once, here), if it may."""
     if not isinstance(value, dict):
         raise InvalidInput(field, "must be a JSON object")
     try:
@@ -125,7 +126,7 @@ def check_json_object(value: Any, field: str) -> dict[str, Any]:
         raise TooLarge(field, f"is {size} bytes as JSON; the limit is {MAX_JSON_BYTES}")
     if _JSON_NUL.search(encoded):  # PostgreSQL's jsonb cannot hold it
         raise InvalidInput(field, "must not contain the NUL character (\\u0000)")
-    return value
+    return encoded
 
 
 def json_encode(value: Any) -> str:
@@ -151,17 +152,18 @@ def check_lease(lease: Any) -> int:
     return lease
 
 
-def check_new_todo(item: NewTodo) -> NewTodo:
+def check_new_todo(item: NewTodo) -> tuple[str, str | None]:
+    """Check every field; returns the payload and the event's payload as JSON text."""
     check_queue(item.queue)
     check_text(item.title, "title", required=True)
     for field in ("kind", "source", "idempotency_key", "assignee"):
         check_text(getattr(item, field), field)
     if item.idempotency_key is not None and not item.idempotency_key.strip():
         raise InvalidInput("idempotency_key", "must not be empty (leave it out for no key)")
-    check_json_object(item.payload, "payload")
+    payload = check_json_object(item.payload, "payload")
     check_max_attempts(item.max_attempts)
-    if item.event is not None:
-        check_text(item.event.source, "event.source", required=True)
-        check_text(item.event.kind, "event.kind", required=True)
-        check_json_object(item.event.payload, "event.payload")
-    return item
+    if item.event is None:
+        return payload, None
+    check_text(item.event.source, "event.source", required=True)
+    check_text(item.event.kind, "event.kind", required=True)
+    return payload, check_json_object(item.event.payload, "event.payload")

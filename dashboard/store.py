@@ -71,18 +71,16 @@ class Store:
             return []
         if len(items) > MAX_BATCH:
             raise TooLarge("todos", f"at most {MAX_BATCH} todos per batch")
+        # One row per distinct (queue, key); later duplicates count as hits on the first.
+        ids: list[str] = []
+        rows: dict[Any, tuple[str, NewTodo, tuple[str, str | None]]] = {}
+        extra_hits: dict[str, int] = {}
         for i, item in enumerate(items):
             try:
-                check_new_todo(item)
+                encoded = check_new_todo(item)
             except InvalidInput as exc:
                 field = f"todos[{i}].{exc.field}" if len(items) > 1 else exc.field
                 raise type(exc)(field, exc.message) from None
-
-        # One row per distinct (queue, key); later duplicates count as hits on the first.
-        ids: list[str] = []
-        rows: dict[Any, tuple[str, NewTodo]] = {}
-        extra_hits: dict[str, int] = {}
-        for item in items:
             todo_id = new_todo_id()
             slot = (item.queue, item.idempotency_key) if item.idempotency_key else todo_id
             if slot in rows:
@@ -90,22 +88,22 @@ class Store:
                 extra_hits[first_id] += 1
                 ids.append(first_id)
             else:
-                rows[slot] = (todo_id, item)
+                rows[slot] = (todo_id, item, encoded)
                 extra_hits[todo_id] = 0
                 ids.append(todo_id)
         ordered = sorted(rows.values(), key=lambda r: (r[1].queue, r[1].idempotency_key or ""))
-        events = {tid: (f"ev_{uuid.uuid4()}", it.event) for tid, it in ordered if it.event}
+        events = {tid: (f"ev_{uuid.uuid4()}", it.event, enc[1]) for tid, it, enc in ordered if it.event}
 
         columns = list(zip(*(
-            (tid, it.queue, it.source, it.kind, it.title, it.payload, it.idempotency_key,
+            (tid, it.queue, it.source, it.kind, it.title, payload, it.idempotency_key,
              it.assignee, it.max_attempts, events[tid][0] if tid in events else None,
              extra_hits[tid])
-            for tid, it in ordered
+            for tid, it, (payload, _) in ordered
         ), strict=True))
         if events:
             async with self._transaction() as conn:
                 await conn.execute(SQL["create_events"], *zip(*(
-                    (eid, ev.source, ev.kind, ev.payload) for eid, ev in events.values()
+                    (eid, ev.source, ev.kind, payload) for eid, ev, payload in events.values()
                 ), strict=True))
                 records = await conn.fetch(SQL["create_todos"], *columns, actor)
         else:

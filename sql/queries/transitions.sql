@@ -7,14 +7,17 @@
 -- name: create_todos
 -- Insert todos, or count the collapsed delivery on the live todo that holds the same
 -- (queue, idempotency_key). Ids are made by the caller so it can tell which items were
--- created. Items arrive sorted by (queue, idempotency_key), so concurrent batches lock
+-- created; payloads arrive as JSON text (the store encodes each once, when it checks it). Items arrive sorted by (queue, idempotency_key), so concurrent batches lock
 -- live rows in one order. $12: actor, $13: the items' extra in-batch duplicates.
 WITH upserted AS (
     INSERT INTO todos AS t (id, queue, source, kind, title, payload, idempotency_key,
                             assignee, max_attempts, event_id, dedupe_hits)
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                         $6::jsonb[], $7::text[], $8::text[], $9::int[], $10::text[],
-                         $11::int[])
+    SELECT id, queue, source, kind, title, payload::jsonb, idempotency_key, assignee,
+           max_attempts, event_id, dedupe_hits
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                $7::text[], $8::text[], $9::int[], $10::text[], $11::int[])
+         AS i(id, queue, source, kind, title, payload, idempotency_key, assignee,
+              max_attempts, event_id, dedupe_hits)
     ON CONFLICT (queue, idempotency_key)
         WHERE idempotency_key IS NOT NULL AND state NOT IN ('done', 'failed')
         DO UPDATE SET dedupe_hits = t.dedupe_hits + 1 + excluded.dedupe_hits,
@@ -32,7 +35,8 @@ SELECT * FROM upserted;
 
 -- name: create_events
 INSERT INTO events (id, source, kind, payload)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[]);
+SELECT id, source, kind, payload::jsonb
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS e(id, source, kind, payload);
 
 -- name: complete_and_claim
 -- The busy worker's statement, in one round trip and one commit: complete the todos
@@ -43,10 +47,10 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[]);
 -- (an API token's). Rows come back tagged 'completed', then 'claimed'.
 -- The `id = ANY (…)` forms keep every row lookup on the primary key, in generic plans too.
 WITH to_complete AS (
-    SELECT * FROM unnest($5::text[], $6::bigint[], $7::jsonb[]) AS i(id, lease, result)
+    SELECT * FROM unnest($5::text[], $6::bigint[], $7::text[]) AS i(id, lease, result)
 ), completed AS (
     UPDATE todos t
-    SET state = 'done', result = c.result, lease_expires_at = NULL, heartbeat_at = NULL,
+    SET state = 'done', result = c.result::jsonb, lease_expires_at = NULL, heartbeat_at = NULL,
         completed_at = clock_timestamp(), updated_at = clock_timestamp()
     FROM to_complete c
     WHERE t.id = ANY ($5::text[]) AND t.id = c.id
@@ -233,12 +237,12 @@ WITH released AS (
     SET state = 'pending', owner = NULL, lease_expires_at = NULL, heartbeat_at = NULL,
         updated_at = clock_timestamp()
     FROM released WHERE t.id = released.id
-    RETURNING t.*, released.owner AS previous_owner
+    RETURNING t.*
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
-    SELECT id, 'claimed', 'pending', $2, attempt,
-           'lease force-released (was held by ' || previous_owner || ')'
-    FROM updated
+    SELECT u.id, 'claimed', 'pending', $2, u.attempt,
+           'lease force-released (was held by ' || r.owner || ')'
+    FROM updated u JOIN released r USING (id)
 )
 SELECT * FROM updated;
 
