@@ -1,0 +1,922 @@
+"""Queue throughput: the store against a bare asyncpg loop over the same SQL, and PgQueuer.
+
+    .venv/bin/python bench/queue_throughput.py            # full run, ~4 min on 2 quiet cores
+    .venv/bin/python bench/queue_throughput.py --quick    # smoke run, well under a minute
+    DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/...
+
+Everything runs in one process against one server: DATABASE_URL if set, else an embedded
+PostgreSQL started on a temporary data dir and stopped at exit. Each scenario family gets
+its own fresh database (created, migrated, dropped at exit). fsync and synchronous_commit
+must be on: the script refuses to measure a non-durable server.
+
+Every measurement processes --todos todos (--batched-todos in the batched scenarios) and
+is repeated --runs times; the table shows the median, and each ratio is the median of the
+per-run ratios. Within one repetition the compared variants run one after the other, in a
+rotating order, so machine noise hits them alike. Before each measurement the tables are
+truncated, seeded with finished todos, refilled (when the measurement consumes todos),
+vacuumed, analyzed and checkpointed, so every variant starts from the same state.
+Progress goes to stderr; the table goes to stdout. See bench/README.md for what each row
+measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import platform
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from dashboard import db as dbmod
+from dashboard.migrate import apply_migrations
+from dashboard.models import NewTodo
+from dashboard.queries import TRANSITIONS as SQL
+from dashboard.store import Store
+
+QUEUE = "bench"
+TTL = 300.0  # long enough that no lease lapses during a run
+WORKER_COUNTS = (1, 4, 16)
+BATCH_CLAIM = 10  # Store.claim_batch n, and PgQueuer's default batch_size
+ENQUEUE_BATCH = 100
+PRODUCERS = 4
+FILL_CHUNK = 1000
+# Finished todos (with their history) every measurement starts with, as in a queue that
+# has been running. Besides being the usual state, it keeps the planner from seeing an
+# empty `todos`: a connection that first checks the todo_history -> todos foreign key
+# while the table looks empty caches a sequential-scan plan for that check until the next
+# ANALYZE, and then scans the whole table for every history row it inserts; which
+# producer connection draws that plan is luck, and it made runs 7x slower at random.
+SEED_DONE = 10_000
+CAC = SQL["complete_and_claim"]
+CREATE = SQL["create_todos"]
+# The baseline passes these statements the arguments Store passes them (the last one of
+# complete_and_claim is the token scope, None for a worker without one); a change in
+# their parameter count stops the run instead of timing a wrong call.
+PARAMETERS = {"complete_and_claim": 8, "create_todos": 12}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# -- results -----------------------------------------------------------------------------
+
+
+@dataclass
+class Series:
+    """One variant's throughput over the repetitions."""
+
+    key: str
+    label: str
+    rates: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.rates)
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median, as a fraction."""
+        if len(self.rates) < 2:
+            return 0.0
+        return (max(self.rates) - min(self.rates)) / self.median
+
+
+@dataclass
+class Row:
+    series: Series
+    versus: Series | None = None
+    target: float | None = None  # minimum ratio series/versus
+    target_text: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        """The median of the per-run ratios: each run's two variants ran back to back."""
+        if self.versus is None:
+            return None
+        return statistics.median(
+            a / b for a, b in zip(self.series.rates, self.versus.rates, strict=True)
+        )
+
+    @property
+    def verdict(self) -> str:
+        if self.target is None or self.ratio is None:
+            return ""
+        return "PASS" if self.ratio >= self.target else "MISS"
+
+
+class Results:
+    def __init__(self) -> None:
+        self.series: dict[str, Series] = {}
+        self.rows: list[Row | str] = []  # a str is a section heading
+        self.commit_ms: list[float] = []  # commit probes, before and after each family
+
+    def add(self, key: str, label: str, rate: float) -> None:
+        self.series.setdefault(key, Series(key, label)).rates.append(rate)
+
+    def get(self, key: str) -> Series | None:
+        return self.series.get(key)
+
+
+# -- the server and its databases --------------------------------------------------------
+
+
+def with_database(dsn: str, name: str) -> str:
+    """The same server URL, pointing at database `name`."""
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+class Server:
+    """The server under test; creates one fresh database per scenario family."""
+
+    def __init__(self, dsn: str, description: str) -> None:
+        self.dsn = dsn
+        self.description = description
+        self.databases: list[str] = []
+
+    async def new_database(self, family: str) -> str:
+        name = f"sb_bench_{family}_{os.getpid()}"
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await conn.close()
+        self.databases.append(name)
+        return with_database(self.dsn, name)
+
+    async def new_switchboard_database(self, family: str) -> str:
+        dsn = await self.new_database(family)
+        conn = await asyncpg.connect(dsn)
+        try:
+            await apply_migrations(conn)
+            await check_durable(conn)
+            await check_parameters(conn)
+        finally:
+            await conn.close()
+        return dsn
+
+    async def drop_all(self) -> None:
+        if not self.databases:
+            return
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            while self.databases:
+                name = self.databases.pop()
+                await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+
+SETTINGS = ("fsync", "synchronous_commit", "full_page_writes", "wal_sync_method",
+            "shared_buffers", "max_connections")
+
+
+async def server_settings(dsn: str) -> dict[str, str]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        found = {"version": await conn.fetchval("SHOW server_version")}
+        for name in SETTINGS:
+            found[name] = await conn.fetchval(f"SHOW {name}")
+        await check_durable(conn)
+        return found
+    finally:
+        await conn.close()
+
+
+async def check_durable(conn: asyncpg.Connection) -> None:
+    """Refuse to measure with commits that are not flushed to disk."""
+    fsync = await conn.fetchval("SHOW fsync")
+    sync = await conn.fetchval("SHOW synchronous_commit")
+    if fsync != "on" or sync == "off":
+        raise SystemExit(
+            f"refusing to benchmark a non-durable server: fsync={fsync}, "
+            f"synchronous_commit={sync} (both must stay at their default, on)"
+        )
+
+
+async def check_parameters(conn: asyncpg.Connection) -> None:
+    for name, expected in PARAMETERS.items():
+        found = len((await conn.prepare(SQL[name])).get_parameters())
+        if found != expected:
+            raise SystemExit(
+                f"sql/queries/transitions.sql changed: {name} takes {found} parameters, the "
+                f"baseline loop in {Path(__file__).name} passes {expected}; update it to pass "
+                "what dashboard/store.py passes"
+            )
+
+
+async def commit_probe(conn: asyncpg.Connection, results: Results, count: int = 50) -> None:
+    """How long a one-row INSERT and its commit take right now (median, ms).
+
+    Shown in the header: on a shared machine, a slow disk or a busy CPU shows up here
+    first, and says how far to trust the run.
+    """
+    await conn.execute("CREATE TABLE IF NOT EXISTS bench_commit_probe (at timestamptz)")
+    times = []
+    for _ in range(count):
+        start = time.perf_counter()
+        await conn.execute("INSERT INTO bench_commit_probe VALUES (now())")
+        times.append(time.perf_counter() - start)
+    await conn.execute("TRUNCATE bench_commit_probe")
+    results.commit_ms.append(statistics.median(times) * 1000)
+
+
+async def checkpoint(conn: asyncpg.Connection) -> None:
+    """Start every measurement right after a checkpoint (same full-page-write state)."""
+    with contextlib.suppress(asyncpg.InsufficientPrivilegeError):
+        await conn.execute("CHECKPOINT")
+
+
+# -- filling the queue -------------------------------------------------------------------
+
+
+def raw_columns(ids, numbers, keys) -> tuple:
+    """create_todos' 11 array arguments for plain asyncpg (jsonb passed as JSON text)."""
+    n = len(ids)
+    return (
+        ids, [QUEUE] * n, ["bench"] * n, ["bench"] * n, [f"todo {i}" for i in numbers],
+        [f'{{"n": {i}}}' for i in numbers], keys, [None] * n, [5] * n, [None] * n, [0] * n,
+    )
+
+
+async def reset(admin: asyncpg.Connection) -> None:
+    """Empty the tables, then add SEED_DONE finished todos and their history."""
+    await admin.execute("TRUNCATE todos, todo_history, events")
+    await admin.execute(
+        """WITH made AS (
+               INSERT INTO todos (id, queue, title, state, owner, attempt, lease_token,
+                                  created_at, claimed_at, completed_at)
+               SELECT 'td_seed_' || g, $2, 'seed ' || g, 'done', 'seed', 1, 1,
+                      now() - interval '1 hour', now() - interval '1 hour',
+                      now() - interval '1 hour'
+               FROM generate_series(1, $1) AS g
+               RETURNING id
+           )
+           INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
+           SELECT id, 'claimed', 'done', 'seed', 1, 'completed' FROM made""",
+        SEED_DONE, QUEUE,
+    )
+
+
+async def fill(admin: asyncpg.Connection, n: int) -> None:
+    """Reset, enqueue n pending todos, vacuum, analyze and checkpoint."""
+    await reset(admin)
+    for start in range(0, n, FILL_CHUNK):
+        numbers = range(start, min(n, start + FILL_CHUNK))
+        ids = [f"td_{uuid.uuid4()}" for _ in numbers]
+        await admin.execute(CREATE, *raw_columns(ids, numbers, [None] * len(ids)), "bench")
+    await settle(admin)
+
+
+async def settle(admin: asyncpg.Connection) -> None:
+    await admin.execute("VACUUM ANALYZE todos, todo_history, events")
+    await checkpoint(admin)
+
+
+async def count_states(admin: asyncpg.Connection) -> dict[str, int]:
+    rows = await admin.fetch("SELECT state::text, count(*) FROM todos GROUP BY state")
+    return {r[0]: r[1] for r in rows}
+
+
+async def expect_states(admin: asyncpg.Connection, expected: dict[str, int], what: str) -> None:
+    found = await count_states(admin)
+    if found != expected:
+        raise RuntimeError(f"{what}: expected {expected}, the table holds {found}")
+
+
+# -- connections and timing --------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def connections(dsn: str, n: int, *, codec: bool):
+    """n connections: plain asyncpg (codec=False) or the app's (jsonb as Python objects)."""
+    opened: list[asyncpg.Connection] = []
+    try:
+        for _ in range(n):
+            opened.append(await (dbmod.connect(dsn) if codec else asyncpg.connect(dsn)))
+        yield opened
+    finally:
+        for conn in opened:
+            await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def stores(dsn: str, n: int, *, pool: bool):
+    """n Stores, each on its own connection, or all on one pool of n connections."""
+    if pool:
+        shared = await dbmod.create_pool(dsn, min_size=n, max_size=n)
+        try:
+            yield [Store(shared) for _ in range(n)]
+        finally:
+            await shared.close()
+    else:
+        async with connections(dsn, n, codec=True) as conns:
+            yield [Store(c) for c in conns]
+
+
+async def timed(jobs: list[Awaitable[int]]) -> tuple[float, int]:
+    """Run the jobs concurrently; seconds taken and the sum of what they return."""
+    start = time.perf_counter()
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(job) for job in jobs]
+    elapsed = time.perf_counter() - start
+    return elapsed, sum(t.result() for t in tasks)
+
+
+# -- workers: the bare SQL loop ----------------------------------------------------------
+
+
+async def baseline_claim_complete(conn: asyncpg.Connection, owner: str) -> int:
+    """claim one, complete it; the store's two statements, straight through asyncpg."""
+    done = 0
+    queues = [QUEUE]
+    while True:
+        claimed = await conn.fetch(CAC, queues, owner, TTL, 1, [], [], [], None)
+        if not claimed:
+            return done
+        todo = claimed[0]
+        completed = await conn.fetch(
+            CAC, [], owner, 1.0, 0, [todo["id"]], [todo["lease_token"]], [None], None
+        )
+        if len(completed) != 1:
+            raise RuntimeError(f"baseline: completing {todo['id']} matched nothing")
+        done += 1
+
+
+async def baseline_enqueue_one(conn: asyncpg.Connection, items: list[tuple]) -> int:
+    for number, key in items:
+        await conn.fetch(CREATE, *raw_columns([f"td_{uuid.uuid4()}"], [number], [key]),
+                         "producer")
+    return len(items)
+
+
+async def baseline_enqueue_batches(conn: asyncpg.Connection, batches: list[list[tuple]]) -> int:
+    total = 0
+    for batch in batches:
+        ids = [f"td_{uuid.uuid4()}" for _ in batch]
+        numbers = [number for number, _ in batch]
+        keys = [key for _, key in batch]
+        total += len(await conn.fetch(CREATE, *raw_columns(ids, numbers, keys), "producer"))
+    return total
+
+
+# -- workers: the store ------------------------------------------------------------------
+
+
+async def store_claim_complete(store: Store, owner: str) -> int:
+    done = 0
+    while (todo := await store.claim_next([QUEUE], owner, TTL)) is not None:
+        await store.complete(todo.id, owner, todo.lease_token)
+        done += 1
+    return done
+
+
+async def store_complete_and_claim_next(store: Store, owner: str) -> int:
+    done = 0
+    todo = await store.claim_next([QUEUE], owner, TTL)
+    while todo is not None:
+        _, todo = await store.complete_and_claim_next(
+            todo.id, owner, todo.lease_token, None, [QUEUE], TTL
+        )
+        done += 1
+    return done
+
+
+async def store_batches(store: Store, owner: str) -> int:
+    done = 0
+    while batch := await store.claim_batch([QUEUE], owner, TTL, BATCH_CLAIM):
+        await store.complete_many(owner, [(t.id, t.lease_token, None) for t in batch])
+        done += len(batch)
+    return done
+
+
+async def store_enqueue_one(store: Store, items: list[NewTodo]) -> int:
+    for item in items:
+        await store.create(item)
+    return len(items)
+
+
+async def store_enqueue_batches(store: Store, batches: list[list[NewTodo]]) -> int:
+    total = 0
+    for batch in batches:
+        total += len(await store.create_many(batch))
+    return total
+
+
+# -- scenario families -------------------------------------------------------------------
+
+
+def rotated(variants: list, rep: int) -> list:
+    """The variants in a different order each repetition."""
+    k = rep % len(variants)
+    return variants[k:] + variants[:k]
+
+
+def rate_line(label: str, n: int, seconds: float) -> float:
+    rate = n / seconds
+    log(f"  {label:<58} {rate:>9,.0f} todos/s  ({n} in {seconds:.2f} s)")
+    return rate
+
+
+async def family_claim(server: Server, args, results: Results) -> None:
+    """claim+complete of pre-enqueued todos: baseline, Store, complete_and_claim_next."""
+    dsn = await server.new_switchboard_database("claim")
+    n = args.todos
+    admin = await asyncpg.connect(dsn)
+
+    def consume(worker: Callable, pooled: bool | None):
+        async def run(workers: int) -> tuple[float, int]:
+            if pooled is None:
+                async with connections(dsn, workers, codec=False) as conns:
+                    return await timed([worker(c, f"w{i}") for i, c in enumerate(conns)])
+            async with stores(dsn, workers, pool=pooled) as ss:
+                return await timed([worker(s, f"w{i}") for i, s in enumerate(ss)])
+        return run
+
+    await commit_probe(admin, results)
+    variants = [
+        ("base", "baseline SQL loop: claim, complete",
+         consume(baseline_claim_complete, None)),
+        ("store", "Store.claim_next + Store.complete",
+         consume(store_claim_complete, args.pool)),
+        ("cacn", "Store.complete_and_claim_next",
+         consume(store_complete_and_claim_next, args.pool)),
+    ]
+    try:
+        for rep in range(args.runs):
+            for workers in WORKER_COUNTS:
+                log(f"[claim] run {rep + 1}/{args.runs}, {workers} worker(s)")
+                for key, label, run in rotated(variants, rep):
+                    await fill(admin, n)
+                    seconds, done = await run(workers)
+                    if done != n:
+                        raise RuntimeError(f"{label}: processed {done} of {n}")
+                    await expect_states(admin, {"done": n + SEED_DONE}, label)
+                    full = f"{label}, {workers} worker{'s' if workers > 1 else ''}"
+                    results.add(f"{key}@{workers}", full, rate_line(full, n, seconds))
+        await commit_probe(admin, results)
+    finally:
+        await admin.close()
+
+
+async def family_batch(server: Server, args, results: Results) -> None:
+    """Store.claim_batch(10) + complete_many at 4 workers, against PgQueuer on the side."""
+    try:
+        import pgqueuer  # noqa: F401
+    except ImportError:
+        log("[batch] pgqueuer is not installed (pip install -e '.[bench]'); skipped")
+        return
+    logging.getLogger("pgqueuer").setLevel(logging.WARNING)
+    workers = 4
+    n = args.batched_todos
+    dsn = await server.new_switchboard_database("batch")
+    pgq_dsn = await server.new_database("pgqueuer")
+    admin = await asyncpg.connect(dsn)
+    pgq_admin = await asyncpg.connect(pgq_dsn)
+    try:
+        await install_pgqueuer(pgq_admin)
+        await check_durable(pgq_admin)
+        await commit_probe(admin, results)
+
+        async def ours() -> tuple[float, int]:
+            await fill(admin, n)
+            async with stores(dsn, workers, pool=args.pool) as ss:
+                seconds, done = await timed(
+                    [store_batches(s, f"w{i}") for i, s in enumerate(ss)]
+                )
+            await expect_states(admin, {"done": n + SEED_DONE}, "claim_batch + complete_many")
+            return seconds, done
+
+        async def theirs() -> tuple[float, int]:
+            return await run_pgqueuer(pgq_dsn, pgq_admin, n, workers)
+
+        variants = [
+            ("batch", f"Store.claim_batch({BATCH_CLAIM}) + complete_many, 4 workers", ours),
+            ("pgq", f"PgQueuer {pgqueuer_version()} QueueManager, batch {BATCH_CLAIM}, "
+                    "4 workers", theirs),
+        ]
+        for rep in range(args.runs):
+            log(f"[batch] run {rep + 1}/{args.runs}")
+            for key, label, run in rotated(variants, rep):
+                seconds, done = await run()
+                if done != n:
+                    raise RuntimeError(f"{label}: processed {done} of {n}")
+                results.add(key, label, rate_line(label, n, seconds))
+        await commit_probe(admin, results)
+    finally:
+        await admin.close()
+        await pgq_admin.close()
+
+
+def pgqueuer_version() -> str:
+    try:
+        return metadata.version("pgqueuer")
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
+async def install_pgqueuer(conn: asyncpg.Connection) -> None:
+    """PgQueuer's own installer (what `pgq install` runs), default (durable) settings."""
+    from pgqueuer import Queries
+
+    queries = Queries.from_asyncpg_connection(conn)
+    await queries.install()
+
+
+async def run_pgqueuer(dsn: str, admin: asyncpg.Connection, n: int, workers: int):
+    """n jobs, `workers` QueueManagers (one connection each), default batch size, no-op job.
+
+    The jobs are enqueued, vacuumed and checkpointed first, as on our side. Worker start-up
+    (schema checks, LISTEN) is kept out of the timing: an open transaction holds an
+    EXCLUSIVE lock on the queue table until every worker waits on it in its first
+    dequeue; the clock starts as it is released. It stops when every job has run and every
+    worker has shut down, which flushes the buffered completions (the job rows are then
+    gone from the queue table, checked afterwards).
+    """
+    from pgqueuer import Queries, QueueManager
+
+    settings = Queries.from_asyncpg_connection(admin).qbe.settings
+    table = settings.queue_table
+    await admin.execute(
+        f"TRUNCATE {table}, {settings.queue_table_log}, {settings.statistics_table}"
+    )
+    filler = Queries.from_asyncpg_connection(admin)
+    for start in range(0, n, FILL_CHUNK):
+        size = min(FILL_CHUNK, n - start)
+        await filler.enqueue(
+            [QUEUE] * size, [f'{{"n": {i}}}'.encode() for i in range(start, start + size)],
+            [0] * size,
+        )
+    await admin.execute(f"VACUUM ANALYZE {table}, {settings.queue_table_log}")
+    await checkpoint(admin)
+
+    ran = 0
+    all_ran = asyncio.Event()
+
+    async with connections(dsn, workers, codec=False) as conns:
+        managers = [QueueManager(Queries.from_asyncpg_connection(c)) for c in conns]
+        for qm in managers:
+            @qm.entrypoint(QUEUE)
+            async def noop(job) -> None:
+                nonlocal ran
+                ran += 1
+                if ran >= n:
+                    all_ran.set()
+
+        pids = [c.get_server_pid() for c in conns]
+        gate = admin.transaction()
+        await gate.start()
+        tasks: list[asyncio.Task] = []
+        try:
+            await admin.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
+            tasks = [asyncio.create_task(qm.run(batch_size=BATCH_CLAIM)) for qm in managers]
+            deadline = time.monotonic() + 30
+            while await admin.fetchval(
+                "SELECT count(DISTINCT pid) FROM pg_locks WHERE NOT granted AND pid = ANY($1)",
+                pids,
+            ) < workers:
+                if time.monotonic() > deadline or any(t.done() for t in tasks):
+                    raise RuntimeError("PgQueuer workers did not reach their first dequeue")
+                await asyncio.sleep(0.005)
+            start = time.perf_counter()
+            await gate.commit()
+            gate = None
+            await asyncio.wait_for(all_ran.wait(), timeout=600)
+            for qm in managers:
+                qm.shutdown.set()
+            await asyncio.gather(*tasks)
+            elapsed = time.perf_counter() - start
+        finally:
+            if gate is not None:
+                await gate.rollback()
+            for qm in managers:
+                qm.shutdown.set()
+            for task in tasks:
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    left = await admin.fetchval(f"SELECT count(*) FROM {table}")
+    if left:
+        raise RuntimeError(f"PgQueuer: {left} jobs still in {table} after the run")
+    return elapsed, ran
+
+
+async def family_enqueue(server: Server, args, results: Results) -> None:
+    """Enqueue one at a time and in batches of 100 (4 producers); NOTIFY trigger cost."""
+    dsn = await server.new_switchboard_database("enqueue")
+    admin = await asyncpg.connect(dsn)
+    total = max(args.todos, args.batched_todos)
+    raw = [(i, f"key-{i:08d}") for i in range(total)]
+    items = [
+        NewTodo(queue=QUEUE, title=f"todo {i}", kind="bench", source="bench",
+                payload={"n": i}, idempotency_key=key)
+        for i, key in raw
+    ]
+    one_raw, one_items = raw[:args.todos], items[:args.todos]
+    many_raw, many_items = raw[:args.batched_todos], items[:args.batched_todos]
+
+    def split(seq: list) -> list[list]:
+        return [seq[p::PRODUCERS] for p in range(PRODUCERS)]
+
+    def chunks(seq: list) -> list[list]:
+        return [seq[i:i + ENQUEUE_BATCH] for i in range(0, len(seq), ENQUEUE_BATCH)]
+
+    async def base_one():
+        async with connections(dsn, PRODUCERS, codec=False) as conns:
+            return await timed([baseline_enqueue_one(c, part)
+                                for c, part in zip(conns, split(one_raw), strict=True)])
+
+    async def store_one():
+        async with stores(dsn, PRODUCERS, pool=args.pool) as ss:
+            return await timed([store_enqueue_one(s, part)
+                                for s, part in zip(ss, split(one_items), strict=True)])
+
+    async def base_many():
+        async with connections(dsn, PRODUCERS, codec=False) as conns:
+            return await timed([baseline_enqueue_batches(c, part)
+                                for c, part in zip(conns, split(chunks(many_raw)),
+                                                   strict=True)])
+
+    async def store_many():
+        async with stores(dsn, PRODUCERS, pool=args.pool) as ss:
+            return await timed([store_enqueue_batches(s, part)
+                                for s, part in zip(ss, split(chunks(many_items)),
+                                                   strict=True)])
+
+    async def store_many_untriggered():
+        await admin.execute("ALTER TABLE todos DISABLE TRIGGER todos_notify_insert")
+        await admin.execute("ALTER TABLE todos DISABLE TRIGGER todos_notify_update")
+        try:
+            return await store_many()
+        finally:
+            await admin.execute("ALTER TABLE todos ENABLE TRIGGER todos_notify_insert")
+            await admin.execute("ALTER TABLE todos ENABLE TRIGGER todos_notify_update")
+
+    groups = [
+        [("enq1_base", "baseline SQL loop: create_todos with 1 item, 4 producers", base_one),
+         ("enq1_store", "Store.create, 4 producers", store_one)],
+        [("enqN_base", f"baseline SQL loop: create_todos with {ENQUEUE_BATCH} items, "
+                       "4 producers", base_many),
+         ("enqN_store", f"Store.create_many({ENQUEUE_BATCH}), 4 producers", store_many)],
+        [("trig_on", f"Store.create_many({ENQUEUE_BATCH}), NOTIFY triggers on", store_many),
+         ("trig_off", f"Store.create_many({ENQUEUE_BATCH}), NOTIFY triggers disabled",
+          store_many_untriggered)],
+    ]
+    try:
+        await commit_probe(admin, results)
+        for rep in range(args.runs):
+            log(f"[enqueue] run {rep + 1}/{args.runs}")
+            for group in groups:
+                for key, label, run in rotated(group, rep):
+                    n = args.todos if key.startswith("enq1") else args.batched_todos
+                    await reset(admin)
+                    await settle(admin)
+                    seconds, made = await run()
+                    if made != n:
+                        raise RuntimeError(f"{label}: enqueued {made} of {n}")
+                    await expect_states(admin, {"pending": n, "done": SEED_DONE}, label)
+                    results.add(key, label, rate_line(label, n, seconds))
+        enabled = await admin.fetch(
+            "SELECT tgname, tgenabled FROM pg_trigger WHERE tgrelid = 'todos'::regclass "
+            "AND NOT tgisinternal"
+        )
+        if any(r["tgenabled"] == "D" for r in enabled):
+            raise RuntimeError("a NOTIFY trigger was left disabled")
+        await commit_probe(admin, results)
+    finally:
+        await admin.close()
+
+
+# -- the report --------------------------------------------------------------------------
+
+
+def build_rows(results: Results) -> None:
+    rows = results.rows
+    s = results.get
+
+    def row(key: str, versus: str | None = None, target: float | None = None, text=""):
+        if s(key) is None:
+            return
+        rows.append(Row(s(key), s(versus) if versus else None, target, text))
+
+    if s("base@1") or s("base@4"):
+        rows.append("claim + complete of pre-enqueued todos (one todo per claim)")
+    for w in WORKER_COUNTS:
+        row(f"base@{w}")
+    for w in WORKER_COUNTS:
+        row(f"store@{w}", f"base@{w}", 0.85 if w == 4 else None, "≥ 0.85×" if w == 4 else "")
+    for w in WORKER_COUNTS:
+        row(f"cacn@{w}", f"base@{w}", 1.4 if w == 4 else None, "≥ 1.40×" if w == 4 else "")
+    if s("batch") and s("pgq"):
+        rows.append("batched claim + batched completion, side by side with PgQueuer")
+        row("pgq")
+        row("batch", "pgq", 1.0, "≥ 1.00×")
+    if s("enq1_base"):
+        rows.append("enqueue, 4 producers (each todo: idempotency key, small payload)")
+    row("enq1_base")
+    row("enq1_store", "enq1_base", 0.85, "≥ 0.85×")
+    row("enqN_base")
+    row("enqN_store", "enqN_base", 0.9, "≥ 0.90×")
+    row("trig_off")
+    # "at most 15% slower": the run with triggers takes at most 1.15 times as long.
+    row("trig_on", "trig_off", 1 / 1.15, "≤ 15% slower")
+
+
+def render(results: Results, header: list[str]) -> str:
+    table = [("scenario", "todos/s", "spread", "ratio", "vs", "target", "result")]
+    names = {}
+    for r in results.rows:
+        if isinstance(r, Row):
+            names[r.series.key] = short_name(r.series.key)
+    for r in results.rows:
+        if isinstance(r, str):
+            table.append((r,))
+            continue
+        table.append((
+            r.series.label,
+            f"{r.series.median:,.0f}",
+            f"±{r.series.spread * 50:.0f}%" if len(r.series.rates) > 1 else "",
+            "" if r.ratio is None else f"{r.ratio:.2f}×",
+            "" if r.versus is None else names.get(r.versus.key, r.versus.key),
+            r.target_text,
+            r.verdict,
+        ))
+    full = [t for t in table if len(t) > 1]
+    widths = [max(len(t[i]) for t in full) for i in range(len(full[0]))]
+    right = {1, 2, 3}
+    lines = [*header, ""]
+    for t in table:
+        if len(t) == 1:
+            lines.append("")
+            lines.append(t[0])
+            continue
+        cells = [c.rjust(w) if i in right else c.ljust(w)
+                 for i, (c, w) in enumerate(zip(t, widths, strict=True))]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def probe_range(values: list[float]) -> str:
+    if not values:
+        return "not probed"
+    low, high = min(values), max(values)
+    return f"{low:.2f} ms" if high - low < 0.005 else f"{low:.2f}-{high:.2f} ms"
+
+
+def short_name(key: str) -> str:
+    base, _, workers = key.partition("@")
+    names = {
+        "base": "baseline", "store": "claim_next+complete", "cacn": "complete_and_claim",
+        "pgq": "PgQueuer", "batch": "claim_batch", "enq1_base": "baseline 1/call",
+        "enq1_store": "Store.create", "enqN_base": "baseline 100/call",
+        "enqN_store": "create_many", "trig_on": "triggers on", "trig_off": "triggers off",
+    }
+    name = names.get(base, base)
+    return f"{name} @{workers}" if workers else name
+
+
+# -- main --------------------------------------------------------------------------------
+
+
+FAMILIES = {"claim": family_claim, "batch": family_batch, "enqueue": family_enqueue}
+
+
+async def run_all(server: Server, args) -> tuple[str, dict, bool]:
+    loop = asyncio.get_running_loop()
+    main_task = asyncio.current_task()
+    loop.add_signal_handler(signal.SIGTERM, main_task.cancel)
+    results = Results()
+    started = time.perf_counter()
+    load_before = os.getloadavg()
+    try:
+        settings = await server_settings(server.dsn)
+        for name in args.only or list(FAMILIES):
+            await FAMILIES[name](server, args, results)
+    finally:
+        await server.drop_all()
+    build_rows(results)
+    header = [
+        f"switchboard queue throughput — PostgreSQL {settings['version']} ({server.description})",
+        "fsync={fsync}  synchronous_commit={synchronous_commit}  "
+        "full_page_writes={full_page_writes}  wal_sync_method={wal_sync_method}  "
+        "shared_buffers={shared_buffers}".format(**settings),
+        f"{os.cpu_count()} CPUs, Python {platform.python_version()}, asyncpg "
+        f"{asyncpg.__version__}, pgqueuer {pgqueuer_version()}, "
+        f"{'uvloop' if args.uvloop else 'asyncio'} loop, "
+        f"Store on {'a pool' if args.pool else 'one connection per worker'}",
+        f"{args.todos:,} todos per measurement ({args.batched_todos:,} in the batched ones), "
+        f"median of {args.runs} run(s)",
+        "spread: ± half the min-max range; ratio: median of the per-run ratios",
+        f"{time.perf_counter() - started:.0f} s in all; load average (1 min) "
+        f"{load_before[0]:.1f} at start, {os.getloadavg()[0]:.1f} at end",
+        f"one-row INSERT + commit: {probe_range(results.commit_ms)} (median of 50, probed "
+        "before and after each family)",
+    ]
+    dump = {
+        "settings": settings, "server": server.description, "todos": args.todos,
+        "batched_todos": args.batched_todos, "runs": args.runs,
+        "commit_ms": results.commit_ms,
+        "series": {k: {"label": v.label, "rates": v.rates, "median": v.median}
+                   for k, v in results.series.items()},
+        "rows": [
+            {"key": r.series.key, "versus": r.versus.key if r.versus else None,
+             "ratio": r.ratio, "target": r.target, "result": r.verdict}
+            for r in results.rows if isinstance(r, Row)
+        ],
+    }
+    missed = any(isinstance(r, Row) and r.verdict == "MISS" for r in results.rows)
+    return render(results, header), dump, missed
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, help="repetitions of every measurement (3)")
+    parser.add_argument("--todos", type=int, help="todos per measurement (5000)")
+    parser.add_argument("--batched-todos", type=int, metavar="N",
+                        help="todos per measurement in the batched scenarios (claim_batch "
+                             "vs PgQueuer, batched enqueue); default 10 x --todos, since "
+                             "5,000 todos in batches take well under a second")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 400 todos, 1 run (unless given otherwise)")
+    parser.add_argument("--only", action="append", choices=list(FAMILIES),
+                        help="run only this scenario family (repeatable)")
+    parser.add_argument("--pool", action="store_true",
+                        help="Store on one shared pool instead of one connection per worker")
+    parser.add_argument("--uvloop", action="store_true", help="run on uvloop")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    args = parser.parse_args(argv)
+    args.runs = args.runs or (1 if args.quick else 3)
+    args.todos = args.todos or (400 if args.quick else 5000)
+    args.batched_todos = args.batched_todos or 10 * args.todos
+    if args.runs < 1 or min(args.todos, args.batched_todos) < ENQUEUE_BATCH:
+        parser.error(f"--runs must be at least 1, and --todos and --batched-todos at least "
+                     f"{ENQUEUE_BATCH}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.getLogger("pgqueuer").setLevel(logging.WARNING)
+    url = os.environ.get("DATABASE_URL")
+    embedded, tmp = None, None
+    if url:
+        dbmod.check_url(url)
+        parts = urlsplit(url)
+        server = Server(url, f"DATABASE_URL {parts.hostname or 'socket'}:{parts.port or 5432}")
+    else:
+        tmp = Path(tempfile.mkdtemp(prefix="sb-bench-"))
+        log(f"starting the embedded server in {tmp}")
+        embedded = dbmod.start_embedded(tmp / "pgdata")
+        server = Server(embedded.get_uri(), "embedded, temporary data dir")
+    runner = asyncio.Runner(loop_factory=_loop_factory(args.uvloop))
+    try:
+        with runner:
+            try:
+                text, dump, missed = runner.run(run_all(server, args))
+            except (KeyboardInterrupt, asyncio.CancelledError) as exc:
+                log("interrupted: the benchmark databases were dropped")
+                return 130 if isinstance(exc, KeyboardInterrupt) else 143
+        print(text, flush=True)
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(dump, indent=2))
+        return 1 if (missed and args.strict) else 0
+    finally:
+        dbmod.release_embedded(embedded)
+        if tmp is not None:
+            if (tmp / "pgdata" / "postmaster.pid").exists():
+                log(f"the embedded server in {tmp} did not stop; its data dir is left there")
+            else:
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _loop_factory(use_uvloop: bool):
+    if not use_uvloop:
+        return None
+    import uvloop
+
+    return uvloop.new_event_loop
+
+
+if __name__ == "__main__":
+    sys.exit(main())
