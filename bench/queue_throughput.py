@@ -307,11 +307,15 @@ async def expect_states(admin: asyncpg.Connection, expected: dict[str, int], wha
 
 @contextlib.asynccontextmanager
 async def connections(dsn: str, n: int, *, codec: bool):
-    """n connections: plain asyncpg (codec=False) or the app's (jsonb as Python objects)."""
+    """n connections: plain asyncpg (codec=False) or the app's (jsonb as Python objects).
+
+    Both run with the app's server settings (generic plans), so the baseline differs from
+    the store only in what Python does around the same statements."""
     opened: list[asyncpg.Connection] = []
     try:
         for _ in range(n):
-            opened.append(await (dbmod.connect(dsn) if codec else asyncpg.connect(dsn)))
+            opened.append(await (dbmod.connect(dsn) if codec else
+                                 asyncpg.connect(dsn, server_settings=dbmod.SERVER_SETTINGS)))
         yield opened
     finally:
         for conn in opened:
