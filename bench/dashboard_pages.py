@@ -44,21 +44,18 @@ import asyncio
 import contextlib
 import os
 import platform
-import shutil
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import asyncpg
 import httpx
 import psutil
-from harness import AppProcess, Server, log, pct, server_settings
+from harness import AppProcess, Server, log, pct, run_on_server, server_settings
 
 from dashboard import db as dbmod
 from dashboard.accounts import Accounts
@@ -854,25 +851,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    url = os.environ.get("DATABASE_URL")
-    embedded = None
-    tmp = Path(tempfile.mkdtemp(prefix="sb-bench-pages-"))
-    if url:
-        dbmod.check_url(url)
-        parts = urlsplit(url)
-        server = Server(url, f"DATABASE_URL {parts.hostname or 'socket'}:{parts.port or 5432}")
-    else:
-        log(f"starting the embedded server in {tmp}")
-        embedded = dbmod.start_embedded(tmp / "pgdata")
-        server = Server(embedded.get_uri(), "embedded, temporary data dir")
-    try:
-        return asyncio.run(run_all(server, args, tmp))
-    finally:
-        dbmod.release_embedded(embedded)
-        if (tmp / "pgdata" / "postmaster.pid").exists():
-            log(f"the embedded server in {tmp} did not stop; its data dir is left there")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+    return run_on_server("sb-bench-pages-", lambda server, tmp: run_all(server, args, tmp))
 
 
 if __name__ == "__main__":

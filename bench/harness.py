@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -18,6 +21,7 @@ import asyncpg
 import httpx
 import psutil
 
+from dashboard import db as dbmod
 from dashboard.migrate import apply_migrations
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -179,3 +183,27 @@ class AppProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+def run_on_server(prefix: str, run: Callable[[Server, Path], Awaitable[int]]) -> int:
+    """Run `run(server, tmp)` on DATABASE_URL, else on an embedded server in a temporary
+    data dir that is stopped and removed afterwards."""
+    url = os.environ.get("DATABASE_URL")
+    embedded = None
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    if url:
+        dbmod.check_url(url)
+        parts = urlsplit(url)
+        server = Server(url, f"DATABASE_URL {parts.hostname or 'socket'}:{parts.port or 5432}")
+    else:
+        log(f"starting the embedded server in {tmp}")
+        embedded = dbmod.start_embedded(tmp / "pgdata")
+        server = Server(embedded.get_uri(), "embedded, temporary data dir")
+    try:
+        return asyncio.run(run(server, tmp))
+    finally:
+        dbmod.release_embedded(embedded)
+        if (tmp / "pgdata" / "postmaster.pid").exists():
+            log(f"the embedded server in {tmp} did not stop; its data dir is left there")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
