@@ -11,12 +11,14 @@ import hashlib
 import hmac
 import re
 import secrets
-from dataclasses import dataclass
+from datetime import datetime
 
 import asyncpg
+import msgspec
 
 from dashboard.errors import Conflict, InvalidInput, NotFound
-from dashboard.models import check_queue
+from dashboard.models import Scope, check_queue
+from dashboard.queries import ACCOUNTS as SQL
 
 ROLES = ("viewer", "operator")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,62}$")
@@ -25,8 +27,7 @@ TOKEN_PREFIX = "sbt_"
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1}
 
 
-@dataclass(frozen=True)
-class Operator:
+class Operator(msgspec.Struct, frozen=True):
     name: str
     role: str
 
@@ -35,11 +36,23 @@ class Operator:
         return self.role == "operator"
 
 
-@dataclass(frozen=True)
-class Agent:
-    token_id: str
+class Agent(msgspec.Struct, frozen=True):
+    """Who holds a bearer token: the owner name of its claims and the queues it covers."""
+
     name: str
-    queues: tuple[str, ...]
+    scope: Scope
+
+
+class Token(msgspec.Struct, kw_only=True):
+    """An API token as the tokens page and `token list` show it (never its secret)."""
+
+    id: str
+    agent: str
+    queues: list[str]
+    created_at: datetime
+    created_by: str
+    revoked_at: datetime | None
+    revoked_by: str | None
 
 
 def hash_password(password: str) -> str:
@@ -79,31 +92,26 @@ class Accounts:
             raise InvalidInput("role", f"must be one of {', '.join(ROLES)}")
         password = password or secrets.token_urlsafe(15)
         try:
-            await self.db.execute(
-                "INSERT INTO operators (name, role, password_hash) VALUES ($1, $2, $3)",
-                name, role, hash_password(password),
-            )
+            await SQL.add_operator.execute(self.db, name=name, role=role, password_hash=hash_password(password))
         except asyncpg.UniqueViolationError:
             raise Conflict(f"operator {name} already exists") from None
         return password
 
     async def has_operators(self) -> bool:
-        return await self.db.fetchval("SELECT EXISTS (SELECT FROM operators)")
+        return await SQL.has_operators.fetchval(self.db)
 
     async def login(self, name: str, password: str) -> Operator | None:
-        row = await self.db.fetchrow(
-            "SELECT name, role, password_hash FROM operators WHERE name = $1", name
-        )
+        row = await SQL.operator_login.fetchrow(self.db, name=name)
         if row is None:
             hash_password(password)  # spend the same time whether or not the name exists
             return None
         if not check_password(password, row["password_hash"]):
             return None
-        await self.db.execute("UPDATE operators SET last_login_at = now() WHERE name = $1", name)
+        await SQL.note_login.execute(self.db, name=name)
         return Operator(row["name"], row["role"])
 
     async def operator(self, name: str) -> Operator | None:
-        row = await self.db.fetchrow("SELECT name, role FROM operators WHERE name = $1", name)
+        row = await SQL.operator.fetchrow(self.db, name=name)
         return Operator(row["name"], row["role"]) if row else None
 
     # -- API tokens ------------------------------------------------------------------
@@ -118,43 +126,28 @@ class Accounts:
             check_queue(q, "queues")
         token_id = "tk_" + secrets.token_hex(6)
         secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
-        await self.db.execute(
-            "INSERT INTO api_tokens (id, agent, queues, token_hash, created_by) VALUES ($1, $2, $3, $4, $5)",
-            token_id, agent, queues, token_hash(secret), actor,
-        )
+        await SQL.add_token.execute(
+            self.db, id=token_id, agent=agent, queues=queues, token_hash=token_hash(secret), created_by=actor)
         return token_id, secret
 
     async def agent_for(self, secret: str) -> Agent | None:
-        row = await self.db.fetchrow(
-            "SELECT id, agent, queues FROM api_tokens WHERE token_hash = $1 AND revoked_at IS NULL",
-            token_hash(secret),
-        )
-        return Agent(row["id"], row["agent"], tuple(row["queues"])) if row else None
+        row = await SQL.agent_for_token.fetchrow(self.db, token_hash=token_hash(secret))
+        if row is None:
+            return None
+        return Agent(row["agent"], Scope(row["id"], tuple(row["queues"])))
 
-    async def list_tokens(self) -> list[dict]:
-        rows = await self.db.fetch(
-            "SELECT id, agent, queues, created_at, created_by, revoked_at, revoked_by "
-            "FROM api_tokens ORDER BY revoked_at IS NOT NULL, created_at DESC"
-        )
-        return [dict(r) for r in rows]
+    async def list_tokens(self) -> list[Token]:
+        return [Token(**dict(r)) for r in await SQL.list_tokens.fetch(self.db)]
 
     async def revoke_token(self, token_id: str, *, actor: str) -> None:
-        status = await self.db.execute(
-            "UPDATE api_tokens SET revoked_at = now(), revoked_by = $2 WHERE id = $1 AND revoked_at IS NULL",
-            token_id, actor,
-        )
-        if status.endswith(" 0"):
-            exists = await self.db.fetchval("SELECT EXISTS (SELECT FROM api_tokens WHERE id = $1)", token_id)
-            if not exists:
-                raise NotFound(f"no token {token_id}")
+        row = await SQL.revoke_token.fetchrow(self.db, id=token_id, actor=actor)
+        if not row["found"]:
+            raise NotFound(f"no token {token_id}")
+        if not row["revoked"]:
             raise Conflict(f"token {token_id} is already revoked")
 
     # -- shared secrets ----------------------------------------------------------------
 
     async def secret(self, name: str, size: int = 32) -> bytes:
         """A random secret shared by every process (made by whichever asks first)."""
-        await self.db.execute(
-            "INSERT INTO app_secrets (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
-            name, secrets.token_bytes(size),
-        )
-        return await self.db.fetchval("SELECT value FROM app_secrets WHERE name = $1", name)
+        return await SQL.secret.fetchval(self.db, name=name, value=secrets.token_bytes(size))

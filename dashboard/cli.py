@@ -185,8 +185,8 @@ async def cmd_token_list(db, args) -> int:
     from dashboard.accounts import Accounts
 
     for t in await Accounts(db.pool).list_tokens():
-        state = f"revoked {t['revoked_at']:%Y-%m-%d %H:%M}" if t["revoked_at"] else "active"
-        print(f"{t['id']}  {t['agent']:<20} {','.join(t['queues']):<30} {state}")
+        state = f"revoked {t.revoked_at:%Y-%m-%d %H:%M}" if t.revoked_at else "active"
+        print(f"{t.id}  {t.agent:<20} {','.join(t.queues):<30} {state}")
     return 0
 
 

@@ -12,6 +12,8 @@ import json
 import logging
 import os
 import warnings
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +102,17 @@ def check_url(url: str) -> None:
         parts.port  # noqa: B018 - raises ValueError on a malformed port
     except ValueError as exc:
         raise DatabaseUnavailable(f"DATABASE_URL is malformed: {exc}") from None
+
+
+@asynccontextmanager
+async def transaction(db: asyncpg.Pool | asyncpg.Connection) -> AsyncIterator[asyncpg.Connection]:
+    """A transaction on `db`: a connection taken from the pool for it, or the connection itself."""
+    if isinstance(db, asyncpg.Pool):
+        async with db.acquire() as conn, conn.transaction():
+            yield conn
+    else:
+        async with db.transaction():
+            yield db
 
 
 async def init_connection(conn: asyncpg.Connection) -> None:

@@ -1,15 +1,17 @@
-"""The shapes the store hands out and takes in, shared by the dashboard and the API."""
+"""The shapes the store hands out and takes in, shared by the dashboard and the API, and
+the checks every input goes through (in the store, once, whoever calls it)."""
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
 import msgspec
 
-from dashboard.errors import InvalidInput, TooLarge
+from dashboard.errors import InvalidInput, NotFound, OutOfScope, TooLarge
 
 STATES = ("pending", "claimed", "done", "failed")
 QUEUE_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")  # always fullmatch
@@ -20,6 +22,7 @@ MAX_TEXT = 1000  # title, kind, source, assignee, owner, idempotency key
 MAX_ERROR = 8000
 DEFAULT_MAX_ATTEMPTS = 5
 MAX_LEASE = 2**63 - 1  # lease tokens are bigint
+MAX_WAIT = 60.0  # seconds a long-poll claim may wait
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")  # an unescaped \u0000 in JSON text
 
 
@@ -51,9 +54,11 @@ class Todo(msgspec.Struct, kw_only=True):
 
     @classmethod
     def from_record(cls, record) -> Todo:
-        """From a `SELECT *` row of todos (a leading `part` column is dropped)."""
+        """From a `SELECT *` row of todos (the statements' extra `part` and `read_at`
+        columns are dropped)."""
         row = dict(record)
         row.pop("part", None)
+        row.pop("read_at", None)
         return cls(**row)
 
 
@@ -78,6 +83,36 @@ class NewTodo(msgspec.Struct, kw_only=True):
 class Created(msgspec.Struct, kw_only=True):
     todo: Todo
     created: bool
+
+
+class Scope(msgspec.Struct, frozen=True):
+    """The queues an API token covers: the one rule for what an agent may touch.
+
+    The store applies it to every agent call: queues named in a request are checked
+    before any work; a todo named by id is checked in the guard of the statement that
+    moves it (and, when that matched nothing, by `check_todo` on what the miss found)."""
+
+    token_id: str
+    queues: tuple[str, ...]
+
+    def check(self, queues: Iterable[str]) -> None:
+        outside = [q for q in queues if q not in self.queues]
+        if outside:
+            raise OutOfScope(
+                f"token {self.token_id} may not use queue {', '.join(outside)} "
+                f"(it covers {', '.join(self.queues)})"
+            )
+
+    def check_todo(self, todo_id: str, queue: str) -> None:
+        if queue not in self.queues:
+            raise OutOfScope(f"todo {todo_id} is in queue {queue}, which this token does not cover")
+
+
+def check_id(todo_id: Any) -> str:
+    """A todo id PostgreSQL can look up; anything else cannot name a todo."""
+    if not isinstance(todo_id, str) or len(todo_id) > 100 or "\x00" in todo_id:
+        raise NotFound(f"no todo {todo_id!r}")
+    return todo_id
 
 
 def check_queue(name: Any, field: str = "queue") -> str:
@@ -167,3 +202,10 @@ def check_new_todo(item: NewTodo) -> tuple[str, str | None]:
     check_text(item.event.source, "event.source", required=True)
     check_text(item.event.kind, "event.kind", required=True)
     return payload, check_json_object(item.event.payload, "event.payload")
+
+
+
+def check_wait(wait: Any) -> float:
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= MAX_WAIT:
+        raise InvalidInput("wait", f"must be from 0 to {MAX_WAIT:.0f} seconds")
+    return float(wait)

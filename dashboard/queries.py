@@ -1,19 +1,86 @@
-"""Named SQL statements loaded from sql/queries/*.sql (`-- name: x` starts statement x)."""
+"""Named SQL statements from sql/queries/*.sql.
+
+`-- name: x` starts statement x. Parameters are written `:name` in the SQL and become
+`$1…$n` in order of first appearance, so callers pass keywords and a reader of the .sql
+file sees what every value is: `await SQL.claim_batch.fetch(db, owner=…, queues=…)`.
+`::type` casts, string literals and comments are left alone.
+"""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 QUERIES_DIR = Path(__file__).resolve().parent.parent / "sql" / "queries"
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+# Literals, quoted names, comments and casts are matched first so that only a bare
+# `:name` is taken for a parameter.
+_TOKEN = re.compile(r"'(?:[^']|'')*'|\"[^\"]*\"|--[^\n]*|::|:([a-z_][a-z0-9_]*)")
 
 
-def load(filename: str) -> dict[str, str]:
-    text = (QUERIES_DIR / filename).read_text()
-    parts = _NAME.split(text)
-    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+class Statement:
+    """One named statement: its text with `$n` placeholders and the names they stand for."""
+
+    __slots__ = ("name", "params", "sql")
+
+    def __init__(self, name: str, text: str):
+        params: list[str] = []
+
+        def placeholder(match: re.Match) -> str:
+            param = match.group(1)
+            if param is None:
+                return match.group(0)
+            if param not in params:
+                params.append(param)
+            return f"${params.index(param) + 1}"
+
+        self.name = name
+        self.sql = _TOKEN.sub(placeholder, text)
+        self.params = tuple(params)
+
+    def args(self, values: dict[str, Any]) -> list[Any]:
+        """The positional arguments for `values`, which must name every parameter, and only those."""
+        if len(values) != len(self.params) or not all(p in values for p in self.params):
+            missing = sorted(set(self.params) - set(values))
+            unknown = sorted(set(values) - set(self.params))
+            raise TypeError(f"{self.name}: missing {missing}, unknown {unknown}")
+        return [values[p] for p in self.params]
+
+    async def fetch(self, db, **values) -> list:
+        return await db.fetch(self.sql, *self.args(values))
+
+    async def fetchrow(self, db, **values):
+        return await db.fetchrow(self.sql, *self.args(values))
+
+    async def fetchval(self, db, **values):
+        return await db.fetchval(self.sql, *self.args(values))
+
+    async def execute(self, db, **values) -> str:
+        return await db.execute(self.sql, *self.args(values))
+
+    def __repr__(self) -> str:
+        return f"<Statement {self.name}({', '.join(self.params)})>"
 
 
-TRANSITIONS = load("transitions.sql")
-READS = load("reads.sql")
+class Queries:
+    """The statements of one .sql file, as attributes."""
+
+    def __init__(self, filename: str):
+        text = (QUERIES_DIR / filename).read_text()
+        parts = _NAME.split(text)
+        self._statements = {
+            name: Statement(name, body.strip()) for name, body in zip(parts[1::2], parts[2::2], strict=True)
+        }
+        self.__dict__.update(self._statements)
+
+    def __iter__(self):
+        return iter(self._statements.values())
+
+    def __getitem__(self, name: str) -> Statement:
+        return self._statements[name]
+
+
+TRANSITIONS = Queries("transitions.sql")
+READS = Queries("reads.sql")
+ACCOUNTS = Queries("accounts.sql")

@@ -1,18 +1,23 @@
-"""Read queries for the dashboard and the API's GET routes, without any HTTP in them."""
+"""Read queries for the dashboard and the API's GET routes, without any HTTP in them.
+
+Every input a page or the API passes is checked here, once (queue names, list states,
+cursors, page sizes), so the web layer only parses and renders.
+"""
 
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 import asyncpg
+import msgspec
 
+from dashboard.db import transaction
 from dashboard.errors import InvalidInput, NotFound
-from dashboard.models import STATES, Todo, check_queue
+from dashboard.models import STATES, Scope, Todo, check_id, check_queue, check_text
 from dashboard.queries import READS as SQL
-from dashboard.store import check_id
 
 # A list filter's state: the four states, plus the two faces of pending.
 LIST_STATES = ("ready", "retrying", *STATES)
@@ -20,18 +25,16 @@ RECENT_SECONDS = 3600  # "done (recent)" on the overview
 THROUGHPUT_MINUTES = 15
 MAX_PAGE = 500
 
-_STATE_CLAUSES = {
-    "pending": "state = 'pending'",
-    "ready": "state = 'pending' AND (next_retry_at IS NULL OR next_retry_at <= now())",
-    "retrying": "state = 'pending' AND next_retry_at > now()",
-    "claimed": "state = 'claimed'",
-    "done": "state = 'done'",
-    "failed": "state = 'failed'",
+# A list state as list_todos' (state, due) parameters.
+_STATE_FILTERS: dict[str | None, tuple[str | None, bool | None]] = {
+    None: (None, None),
+    "ready": ("pending", True),
+    "retrying": ("pending", False),
+    **{state: (state, None) for state in STATES},
 }
 
 
-@dataclass
-class QueueStats:
+class QueueStats(msgspec.Struct, kw_only=True):
     queue: str
     ready: int
     retrying: int
@@ -41,15 +44,14 @@ class QueueStats:
     dead: int
     oldest_ready_at: datetime | None
     oldest_ready_age: float | None
-    throughput: list[int] = field(default_factory=list)  # completions per minute, oldest first
+    throughput: list[int] = msgspec.field(default_factory=list)  # completions per minute, oldest first
 
     @property
     def needs_attention(self) -> bool:
         return self.dead > 0 or self.lapsed > 0
 
 
-@dataclass
-class TodoFilter:
+class TodoFilter(msgspec.Struct, kw_only=True):
     queue: str | None = None
     queues: tuple[str, ...] | None = None  # any of these (an agent's token's queues)
     state: str | None = None
@@ -58,26 +60,76 @@ class TodoFilter:
     kind: str | None = None
     search: str | None = None
 
+    def checked(self) -> TodoFilter:
+        """The filter with every field checked, or InvalidInput naming the bad one."""
+        if self.queue is not None:
+            check_queue(self.queue)
+        if self.state not in _STATE_FILTERS:
+            raise InvalidInput("state", f"must be one of {', '.join(LIST_STATES)}")
+        for name in ("assignee", "owner", "kind", "search"):
+            check_text(getattr(self, name), name)
+        return self
 
-@dataclass
-class Page:
+
+class Page(msgspec.Struct):
     items: list[Todo]
     next_cursor: str | None
+    read_at: datetime | None = None  # the database's clock when read (None: no items)
 
 
-@dataclass
-class TodoDetail:
+class HistoryEntry(msgspec.Struct, kw_only=True):
+    at: datetime
+    from_state: str | None
+    to_state: str
+    actor: str
+    attempt: int
+    note: str | None
+
+
+class Event(msgspec.Struct, kw_only=True):
+    id: str
+    source: str
+    kind: str
+    payload: dict[str, Any]
+    received_at: datetime
+
+
+class TodoDetail(msgspec.Struct):
     todo: Todo
-    history: list[dict[str, Any]]
-    event: dict[str, Any] | None
+    history: list[HistoryEntry]
+    event: Event | None
+    read_at: datetime
 
 
-def encode_cursor(todo: Todo, key: str = "created_at") -> str:
-    raw = f"{getattr(todo, key).isoformat()}|{todo.id}"
+class Lease(msgspec.Struct, kw_only=True):
+    """A claimed todo as the leases page shows it, timed on the database's clock."""
+
+    id: str
+    queue: str
+    title: str
+    kind: str | None
+    owner: str
+    attempt: int
+    max_attempts: int
+    lease_token: int
+    claimed_at: datetime
+    heartbeat_at: datetime | None
+    lease_expires_at: datetime
+    lapsed: bool
+    seconds_left: float
+    heartbeat_age: float | None
+    server_now: datetime
+
+
+def encode_cursor(at: datetime, todo_id: str) -> str:
+    raw = f"{at.isoformat()}|{todo_id}"
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str) -> tuple[datetime, str]:
+def decode_cursor(cursor: str | None) -> tuple[datetime | None, str | None]:
+    """(at, id) of the last todo of the previous page; (None, None) for the first page."""
+    if not cursor:
+        return None, None
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         at, todo_id = raw.split("|", 1)
@@ -86,17 +138,30 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         raise InvalidInput("after", "is not a cursor this server gave out") from None
 
 
+def check_limit(limit: Any) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+        raise InvalidInput("limit", f"must be from 1 to {MAX_PAGE}")
+    return limit
+
+
+def _like(term: str) -> str:
+    return "%" + term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def _of(shape: type[msgspec.Struct], rows: Sequence) -> list:
+    return [shape(**dict(r)) for r in rows]
+
+
 class Reads:
     def __init__(self, db: asyncpg.Pool | asyncpg.Connection):
         self.db = db
 
     async def queue_stats(self) -> list[QueueStats]:
-        counts = await self.db.fetch(SQL["queue_counts"], float(RECENT_SECONDS))
-        per_minute = await self.db.fetch(SQL["throughput"], THROUGHPUT_MINUTES)
-        now = await self.db.fetchval("SELECT date_trunc('minute', now())")
+        counts = await SQL.queue_counts.fetch(self.db, recent_seconds=float(RECENT_SECONDS))
+        per_minute = await SQL.throughput.fetch(self.db, minutes=THROUGHPUT_MINUTES)
         buckets: dict[str, list[int]] = {}
         for row in per_minute:
-            slot = THROUGHPUT_MINUTES - 1 - int((now - row["minute"]).total_seconds() // 60)
+            slot = THROUGHPUT_MINUTES - 1 - row["minutes_ago"]
             if 0 <= slot < THROUGHPUT_MINUTES:
                 buckets.setdefault(row["queue"], [0] * THROUGHPUT_MINUTES)[slot] = row["done"]
         return [
@@ -104,80 +169,72 @@ class Reads:
             for r in counts
         ]
 
-    async def list_todos(
-        self, filters: TodoFilter, *, limit: int = 50, after: str | None = None,
-        newest_by: str = "created_at",
-    ) -> Page:
-        """Newest first by `newest_by` (created_at, or completed_at for finished todos),
-        keyset-paginated by (that column, id)."""
-        if newest_by not in ("created_at", "completed_at"):
-            raise ValueError(newest_by)
-        if not 1 <= limit <= MAX_PAGE:
-            raise InvalidInput("limit", f"must be from 1 to {MAX_PAGE}")
-        clauses, args = [], []
-
-        def bind(value) -> str:
-            args.append(value)
-            return f"${len(args)}"
-
-        if filters.queue:
-            clauses.append(f"queue = {bind(check_queue(filters.queue))}")
-        if filters.queues is not None:
-            clauses.append(f"queue = ANY({bind(list(filters.queues))}::text[])")
-        if filters.state:
-            if filters.state not in _STATE_CLAUSES:
-                raise InvalidInput("state", f"must be one of {', '.join(LIST_STATES)}")
-            clauses.append(_STATE_CLAUSES[filters.state])
-        for name in ("assignee", "owner", "kind"):
-            if value := getattr(filters, name):
-                clauses.append(f"{name} = {bind(value)}")
-        if filters.search:
-            term = filters.search.strip()
-            exact = bind(term)
-            like = bind("%" + term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
-            clauses.append(f"(id = {exact} OR idempotency_key = {exact} OR title ILIKE {like})")
-        if after:
-            at, todo_id = decode_cursor(after)
-            clauses.append(f"({newest_by}, id) < ({bind(at)}, {bind(todo_id)})")
-        where = " AND ".join(clauses) or "true"
-        rows = await self.db.fetch(
-            f"SELECT * FROM todos WHERE {where} ORDER BY {newest_by} DESC, id DESC "
-            f"LIMIT {bind(limit + 1)}",
-            *args,
+    async def list_todos(self, filters: TodoFilter, *, limit: int = 50, after: str | None = None) -> Page:
+        """Newest first by created_at, keyset-paginated by (created_at, id)."""
+        filters.checked()
+        state, due = _STATE_FILTERS[filters.state]
+        before_at, before_id = decode_cursor(after)
+        search = filters.search.strip() if filters.search else None
+        rows = await self._custom_plan(
+            SQL.list_todos, queue=filters.queue,
+            queues=None if filters.queues is None else list(filters.queues), state=state, due=due,
+            assignee=filters.assignee, owner=filters.owner, kind=filters.kind,
+            search=search, search_like=_like(search) if search else None,
+            before_at=before_at, before_id=before_id, limit=check_limit(limit) + 1,
         )
-        items = [Todo.from_record(r) for r in rows[:limit]]
-        return Page(items, encode_cursor(items[-1], newest_by) if len(rows) > limit else None)
-
-    async def leases(self, queue: str | None = None, limit: int = MAX_PAGE) -> list[dict]:
-        return [dict(r) for r in await self.db.fetch(SQL["leases"], queue, limit)]
-
-    async def lease_count(self) -> int:
-        return await self.db.fetchval(SQL["lease_count"])
+        return self._page(rows, limit, "created_at")
 
     async def dead_letters(
         self, queue: str | None = None, *, limit: int = 50, after: str | None = None
     ) -> Page:
         """Newest death first."""
-        return await self.list_todos(TodoFilter(queue=queue, state="failed"), limit=limit, after=after,
-                                     newest_by="completed_at")
+        before_at, before_id = decode_cursor(after)
+        rows = await SQL.list_dead_letters.fetch(
+            self.db, queue=None if queue is None else check_queue(queue),
+            before_at=before_at, before_id=before_id, limit=check_limit(limit) + 1,
+        )
+        return self._page(rows, limit, "completed_at")
+
+    async def leases(self, queue: str | None = None, limit: int = MAX_PAGE) -> list[Lease]:
+        return _of(Lease, await SQL.leases.fetch(self.db, queue=queue, limit=limit))
+
+    async def lease_count(self) -> int:
+        return await SQL.lease_count.fetchval(self.db)
 
     async def dead_letter_queues(self) -> list[str]:
-        return [r["queue"] for r in await self.db.fetch(SQL["dead_letter_queues"])]
+        return [r["queue"] for r in await SQL.dead_letter_queues.fetch(self.db)]
 
     async def dead_letter_ids(self, queue: str | None = None) -> list[str]:
-        return [r["id"] for r in await self.db.fetch(SQL["dead_letter_ids"], queue)]
+        queue = None if queue is None else check_queue(queue)
+        return [r["id"] for r in await SQL.dead_letter_ids.fetch(self.db, queue=queue)]
 
-    async def todo(self, todo_id: str) -> Todo:
-        row = await self.db.fetchrow(SQL["todo"], check_id(todo_id))
+    async def todo_detail(self, todo_id: str, *, scope: Scope | None = None) -> TodoDetail:
+        row = await SQL.todo.fetchrow(self.db, id=check_id(todo_id))
         if row is None:
             raise NotFound(f"no todo {todo_id}")
-        return Todo.from_record(row)
-
-    async def todo_detail(self, todo_id: str) -> TodoDetail:
-        todo = await self.todo(todo_id)
-        history = [dict(r) for r in await self.db.fetch(SQL["history"], todo_id)]
+        if scope is not None:
+            scope.check_todo(todo_id, row["queue"])
+        todo = Todo.from_record(row)
+        history = _of(HistoryEntry, await SQL.history.fetch(self.db, id=todo_id))
         event = None
         if todo.event_id:
-            row = await self.db.fetchrow(SQL["event"], todo.event_id)
-            event = dict(row) if row else None
-        return TodoDetail(todo, history, event)
+            event_row = await SQL.event.fetchrow(self.db, id=todo.event_id)
+            event = Event(**dict(event_row)) if event_row else None
+        return TodoDetail(todo, history, event, row["read_at"])
+
+    # -- internals -------------------------------------------------------------------
+
+    async def _custom_plan(self, statement, **values) -> list:
+        """Run `statement` planned for these values. Pool connections force generic plans
+        (dashboard/db.py, for the claim path); a statement whose optional filters decide
+        which index fits needs its values at planning time."""
+        async with transaction(self.db) as conn:
+            await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+            return await statement.fetch(conn, **values)
+
+    @staticmethod
+    def _page(rows: list, limit: int, newest_by: str) -> Page:
+        items = [Todo.from_record(r) for r in rows[:limit]]
+        last = items[-1] if len(rows) > limit else None
+        return Page(items, encode_cursor(getattr(last, newest_by), last.id) if last else None,
+                    rows[0]["read_at"] if rows else None)

@@ -3,25 +3,28 @@
 The dashboard, the agent API, the Python worker and the reaper all move todos through
 this module and nowhere else. `Store` wraps an asyncpg pool or connection (it does not
 own it). A transition whose guard matched nothing raises NotFound or Conflict with a
-message that says the todo's state, owner and assignee.
+message that says the todo's state, owner and assignee. Every input is checked here,
+once, whoever the caller is; agent calls pass their token's `Scope`.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
 import msgspec
 
-from dashboard.errors import Conflict, InvalidInput, NotFound, OutOfScope, TooLarge
+from dashboard.db import transaction
+from dashboard.errors import Conflict, InvalidInput, NotFound, TooLarge
 from dashboard.models import (
     MAX_ERROR,
     Created,
     NewTodo,
+    Scope,
     Todo,
+    check_id,
     check_json_object,
     check_lease,
     check_new_todo,
@@ -57,16 +60,21 @@ class Store:
 
     # -- producers -------------------------------------------------------------------
 
-    async def create(self, item: NewTodo, *, actor: str = "producer") -> Created:
+    async def create(self, item: NewTodo, *, actor: str = "producer", scope: Scope | None = None) -> Created:
         """Create one todo; a live todo with the same (queue, key) is returned instead."""
-        return (await self.create_many([item], actor=actor))[0]
+        return (await self.create_many([item], actor=actor, scope=scope))[0]
 
-    async def create_many(self, items: Sequence[NewTodo], *, actor: str = "producer") -> list[Created]:
+    async def create_many(
+        self, items: Sequence[NewTodo], *, actor: str = "producer", scope: Scope | None = None
+    ) -> list[Created]:
         """Create many todos in one round trip (two with events), results in input order.
 
         Duplicates of one (queue, key), within the batch or against a live todo, collapse
-        onto one todo and are counted in its dedupe_hits.
+        onto one todo and are counted in its dedupe_hits. With `scope`, every item's queue
+        must be one the token covers (checked before anything else).
         """
+        if scope is not None:
+            scope.check(dict.fromkeys(item.queue for item in items))
         if not items:
             return []
         if len(items) > MAX_BATCH:
@@ -94,20 +102,20 @@ class Store:
         ordered = sorted(rows.values(), key=lambda r: (r[1].queue, r[1].idempotency_key or ""))
         events = {tid: (f"ev_{uuid.uuid4()}", it.event, enc[1]) for tid, it, enc in ordered if it.event}
 
-        columns = list(zip(*(
+        columns = dict(zip(_TODO_COLUMNS, zip(*(
             (tid, it.queue, it.source, it.kind, it.title, payload, it.idempotency_key,
              it.assignee, it.max_attempts, events[tid][0] if tid in events else None,
              extra_hits[tid])
             for tid, it, (payload, _) in ordered
-        ), strict=True))
+        ), strict=True), strict=True))
         if events:
-            async with self._transaction() as conn:
-                await conn.execute(SQL["create_events"], *zip(*(
+            async with transaction(self.db) as conn:
+                await SQL.create_events.execute(conn, **dict(zip(_EVENT_COLUMNS, zip(*(
                     (eid, ev.source, ev.kind, payload) for eid, ev, payload in events.values()
-                ), strict=True))
-                records = await conn.fetch(SQL["create_todos"], *columns, actor)
+                ), strict=True), strict=True)))
+                records = await SQL.create_todos.fetch(conn, **columns, actor=actor)
         else:
-            records = await self.db.fetch(SQL["create_todos"], *columns, actor)
+            records = await SQL.create_todos.fetch(self.db, **columns, actor=actor)
 
         by_key = {}
         for record in records:
@@ -123,85 +131,117 @@ class Store:
         return results
 
     # -- agents ----------------------------------------------------------------------
+    # `scope`, when given (an API token's), limits the call to the token's queues.
 
-    async def claim_next(self, queues: Sequence[str], owner: str, ttl: float) -> Todo | None:
+    async def claim_next(
+        self, queues: Sequence[str], owner: str, ttl: float, *, scope: Scope | None = None
+    ) -> Todo | None:
         """Claim the oldest claimable todo in `queues`, or None."""
-        claimed = await self.claim_batch(queues, owner, ttl, 1)
+        claimed = await self.claim_batch(queues, owner, ttl, 1, scope=scope)
         return claimed[0] if claimed else None
 
-    async def claim_batch(self, queues: Sequence[str], owner: str, ttl: float, n: int) -> list[Todo]:
+    async def claim_batch(
+        self, queues: Sequence[str], owner: str, ttl: float, n: int, *, scope: Scope | None = None
+    ) -> list[Todo]:
         """Claim up to n todos in one statement, oldest first."""
-        _, claimed = await self._complete_and_claim(owner, [], queues, ttl, n)
-        return claimed
+        queues = _claimable_from(queues, scope)
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_BATCH:
+            raise InvalidInput("n", f"batches hold 0 to {MAX_BATCH} todos")
+        records = await SQL.claim_batch.fetch(
+            self.db, queues=queues, owner=_owner(owner), ttl=check_ttl(ttl), n=n)
+        return [Todo.from_record(r) for r in records]
 
-    async def claim(self, todo_id: str, owner: str, ttl: float) -> Todo:
+    async def claim(self, todo_id: str, owner: str, ttl: float, *, scope: Scope | None = None) -> Todo:
         """Claim one todo by id (due, and not assigned to someone else)."""
-        _check_owner(owner)
-        record = await self.db.fetchrow(SQL["claim"], check_id(todo_id), owner, check_ttl(ttl))
-        if record is None:
-            raise await self._miss(todo_id, "claim", owner)
-        return Todo.from_record(record)
+        record = await SQL.claim.fetchrow(
+            self.db, id=check_id(todo_id), owner=_owner(owner), ttl=check_ttl(ttl), scope=_queues(scope))
+        return await self._one(record, todo_id, "claim", owner, None, scope)
 
-    # The agent transitions below take `scope`: when given (an API token's queues), a todo
-    # outside it is refused with OutOfScope, whoever holds it.
-
-    async def heartbeat(self, todo_id: str, owner: str, lease: int, ttl: float, *, scope=None) -> Todo:
+    async def heartbeat(
+        self, todo_id: str, owner: str, lease: int, ttl: float, *, scope: Scope | None = None
+    ) -> Todo:
         """Extend the lease to ttl seconds from now."""
-        record = await self.db.fetchrow(
-            SQL["heartbeat"], check_id(todo_id), owner, check_lease(lease), check_ttl(ttl), _scope(scope))
+        record = await SQL.heartbeat.fetchrow(
+            self.db, id=check_id(todo_id), owner=_owner(owner), lease=check_lease(lease),
+            ttl=check_ttl(ttl), scope=_queues(scope))
         return await self._one(record, todo_id, "heartbeat", owner, lease, scope)
 
-    async def release(self, todo_id: str, owner: str, lease: int, *, scope=None) -> Todo:
+    async def release(self, todo_id: str, owner: str, lease: int, *, scope: Scope | None = None) -> Todo:
         """Give the todo back to the queue; the attempt stays counted."""
-        record = await self.db.fetchrow(
-            SQL["release"], check_id(todo_id), owner, check_lease(lease), _scope(scope))
+        record = await SQL.release.fetchrow(
+            self.db, id=check_id(todo_id), owner=_owner(owner), lease=check_lease(lease),
+            scope=_queues(scope))
         return await self._one(record, todo_id, "release", owner, lease, scope)
 
     async def complete(
-        self, todo_id: str, owner: str, lease: int, result: dict | None = None, *, scope=None
+        self, todo_id: str, owner: str, lease: int, result: dict | None = None, *,
+        scope: Scope | None = None,
     ) -> Todo:
-        done, _ = await self._complete_and_claim(owner, [(todo_id, lease, result)], [], 1, 0, scope)
-        return done[0]
+        record = await SQL.complete.fetchrow(
+            self.db, id=check_id(todo_id), owner=_owner(owner), lease=check_lease(lease),
+            result=_result(result), scope=_queues(scope))
+        return await self._one(record, todo_id, "complete", owner, lease, scope)
 
     async def complete_many(
-        self, owner: str, items: Sequence[tuple[str, int, dict | None]], *, scope=None
+        self, owner: str, items: Sequence[tuple[str, int, dict | None]], *, scope: Scope | None = None
     ) -> list[Todo]:
         """Complete (id, lease, result) items in one statement: all of them, or a Conflict
         and none."""
-        done, _ = await self._complete_and_claim(owner, items, [], 1, 0, scope)
-        return done
+        _owner(owner)
+        if len(items) > MAX_BATCH:
+            raise InvalidInput("todos", f"batches hold up to {MAX_BATCH} todos")
+        ids = [check_id(todo_id) for todo_id, _, _ in items]
+        if len(set(ids)) < len(ids):
+            raise InvalidInput("todos", "the same todo appears twice")
+        leases = [check_lease(lease) for _, lease, _ in items]
+        results = [_result(result) for _, _, result in items]
+        async with transaction(self.db) as conn:  # a miss rolls back the others
+            records = await SQL.complete_many.fetch(
+                conn, ids=ids, leases=leases, results=results, owner=owner, scope=_queues(scope))
+            done = {r["id"] for r in records}
+            for todo_id, lease in zip(ids, leases, strict=True):
+                if todo_id not in done:
+                    raise await self._miss(todo_id, "complete", owner, lease, scope)
+        by_id = {r["id"]: Todo.from_record(r) for r in records}
+        return [by_id[todo_id] for todo_id in ids]
 
     async def complete_and_claim_next(
         self, todo_id: str, owner: str, lease: int, result: dict | None,
-        queues: Sequence[str], ttl: float, *, scope=None,
+        queues: Sequence[str], ttl: float, *, scope: Scope | None = None,
     ) -> tuple[Todo, Todo | None]:
         """Complete one todo and claim the next, in one round trip and one commit."""
-        done, claimed = await self._complete_and_claim(
-            owner, [(todo_id, lease, result)], queues, ttl, 1, scope
-        )
+        queues = _claimable_from(queues, scope)
+        records = await SQL.complete_and_claim_next.fetch(
+            self.db, id=check_id(todo_id), owner=_owner(owner), lease=check_lease(lease),
+            result=_result(result), scope=_queues(scope), queues=queues, ttl=check_ttl(ttl))
+        done = [Todo.from_record(r) for r in records if r["part"] == "completed"]
+        if not done:
+            raise await self._miss(todo_id, "complete", owner, lease, scope)
+        claimed = [Todo.from_record(r) for r in records if r["part"] == "claimed"]
         return done[0], (claimed[0] if claimed else None)
 
-    async def fail(self, todo_id: str, owner: str, lease: int, error: str, *, scope=None) -> Todo:
+    async def fail(self, todo_id: str, owner: str, lease: int, error: str, *, scope: Scope | None = None) -> Todo:
         """Below max_attempts: pending with a retry time; at the cap: dead-lettered."""
         error = check_text(error, "error", required=True, limit=MAX_ERROR)
-        record = await self.db.fetchrow(
-            SQL["fail"], check_id(todo_id), owner, check_lease(lease), error, _scope(scope))
+        record = await SQL.fail.fetchrow(
+            self.db, id=check_id(todo_id), owner=_owner(owner), lease=check_lease(lease), error=error,
+            scope=_queues(scope))
         return await self._one(record, todo_id, "fail", owner, lease, scope)
 
     # -- the reaper ------------------------------------------------------------------
 
     async def reap(self, limit: int = 500) -> list[Todo]:
         """Re-surface (or dead-letter) up to `limit` todos whose lease lapsed."""
-        return [Todo.from_record(r) for r in await self.db.fetch(SQL["reap"], limit)]
+        return [Todo.from_record(r) for r in await SQL.reap.fetch(self.db, limit=limit)]
 
     async def promote_due_retries(self, limit: int = 500) -> int:
-        return await self.db.fetchval(SQL["promote_due_retries"], limit)
+        return await SQL.promote_due_retries.fetchval(self.db, limit=limit)
 
     async def prune(self, older_than: float, *, batch: int = 500) -> int:
         """Delete finished todos older than `older_than` seconds, `batch` rows a statement."""
         total = 0
         while True:
-            status = await self.db.execute(SQL["prune_finished"], float(older_than), batch)
+            status = await SQL.prune_finished.execute(self.db, older_than=float(older_than), batch=batch)
             deleted = int(status.split()[-1])
             total += deleted
             if deleted < batch:
@@ -212,12 +252,10 @@ class Store:
     async def retry(self, todo_id: str, operator: str, *, one_more: bool = False) -> Todo:
         """Dead-letter back to pending: a fresh budget, or (one_more) one more attempt."""
         try:
-            record = await self.db.fetchrow(SQL["retry"], check_id(todo_id), operator, one_more)
+            record = await SQL.retry.fetchrow(self.db, id=check_id(todo_id), actor=operator, one_more=one_more)
         except asyncpg.UniqueViolationError:
             raise await self._key_taken(todo_id) from None
-        if record is None:
-            raise await self._miss(todo_id, "retry", operator)
-        return Todo.from_record(record)
+        return await self._one(record, todo_id, "retry", operator, None, None)
 
     async def retry_many(
         self, todo_ids: Sequence[str], operator: str, *, one_more: bool = False
@@ -234,68 +272,25 @@ class Store:
 
     async def force_release(self, todo_id: str, operator: str) -> Todo:
         """Take a lease back from an agent that is gone; recorded with the operator's name."""
-        record = await self.db.fetchrow(SQL["force_release"], check_id(todo_id), operator)
-        if record is None:
-            raise await self._miss(todo_id, "force-release", operator)
-        return Todo.from_record(record)
+        record = await SQL.force_release.fetchrow(self.db, id=check_id(todo_id), actor=operator)
+        return await self._one(record, todo_id, "force-release", operator, None, None)
 
     # -- internals -------------------------------------------------------------------
 
-    async def _complete_and_claim(
-        self, owner: str, to_complete: Sequence[tuple[str, int, dict | None]],
-        queues: Sequence[str], ttl: float, n: int, scope=None,
-    ) -> tuple[list[Todo], list[Todo]]:
-        _check_owner(owner)
-        if n:
-            queues, ttl = check_queues(queues), check_ttl(ttl)
-        if len(to_complete) > MAX_BATCH or n > MAX_BATCH or n < 0:
-            raise InvalidInput("n", f"batches hold 0 to {MAX_BATCH} todos")
-        ids, leases, results = [], [], []
-        for todo_id, lease, result in to_complete:
-            ids.append(check_id(todo_id))
-            leases.append(check_lease(lease))
-            results.append(None if result is None else check_json_object(result, "result"))
-        if len(set(ids)) < len(ids):
-            raise InvalidInput("todos", "the same todo appears twice")
-        args = (SQL["complete_and_claim"], list(queues), owner, float(ttl), n, ids, leases, results,
-                _scope(scope))
-        if len(ids) < 2:  # a miss changed nothing: no transaction needed
-            records = await self.db.fetch(*args)
-            await self._check_completed(records, to_complete, owner, scope)
-        else:  # all or none: a miss rolls back the others
-            async with self._transaction() as conn:
-                records = await conn.fetch(*args)
-                await self._check_completed(records, to_complete, owner, scope)
-        return ([Todo.from_record(r) for r in records if r["part"] == "completed"],
-                [Todo.from_record(r) for r in records if r["part"] == "claimed"])
-
-    async def _check_completed(self, records, to_complete, owner: str, scope) -> None:
-        done = {r["id"] for r in records if r["part"] == "completed"}
-        for todo_id, lease, _ in to_complete:
-            if todo_id not in done:
-                raise await self._miss(todo_id, "complete", owner, lease, scope)
-
-    @asynccontextmanager
-    async def _transaction(self):
-        if isinstance(self.db, asyncpg.Pool):
-            async with self.db.acquire() as conn, conn.transaction():
-                yield conn
-        else:
-            async with self.db.transaction():
-                yield self.db
-
-    async def _one(self, record, todo_id: str, action: str, owner: str, lease: int, scope=None) -> Todo:
+    async def _one(self, record, todo_id: str, action: str, owner: str, lease: int | None, scope) -> Todo:
         if record is None:
             raise await self._miss(todo_id, action, owner, lease, scope)
         return Todo.from_record(record)
 
-    async def _miss(self, todo_id: str, action: str, actor: str, lease: int | None = None, scope=None):
-        """Classify a guarded transition that matched nothing."""
-        row = await self.db.fetchrow(SQL["classify_miss"], todo_id)
+    async def _miss(self, todo_id: str, action: str, actor: str, lease: int | None = None,
+                    scope: Scope | None = None) -> Exception:
+        """Classify a guarded transition that matched nothing (a todo outside `scope`
+        raises OutOfScope right here)."""
+        row = await SQL.classify_miss.fetchrow(self.db, id=todo_id)
         if row is None:
             return NotFound(f"no todo {todo_id}")
-        if scope is not None and row["queue"] not in scope:
-            return OutOfScope(f"todo {todo_id} is in queue {row['queue']}, which this token does not cover")
+        if scope is not None:
+            scope.check_todo(todo_id, row["queue"])
         state, owner, assignee = row["state"], row["owner"], row["assignee"]
         facts = f"it is {state}"
         if state == "claimed":
@@ -317,26 +312,35 @@ class Store:
         return Conflict(f"cannot {action} todo {todo_id}: {facts}", current=current)
 
     async def _key_taken(self, todo_id: str) -> Conflict:
-        row = await self.db.fetchrow("SELECT queue, idempotency_key FROM todos WHERE id = $1", todo_id)
-        live = await self.db.fetchrow(SQL["live_todo_with_key"], row["queue"], row["idempotency_key"])
-        holder = f"{live['id']} ({live['state']})" if live else "another todo"
+        row = await SQL.live_todo_with_key.fetchrow(self.db, id=todo_id)
+        holder = f"{row['live_id']} ({row['live_state']})" if row["live_id"] else "another todo"
         return Conflict(
             f"cannot retry todo {todo_id}: a live todo already holds key "
             f"{row['idempotency_key']!r} in queue {row['queue']}: {holder}",
-            current={"live_todo": live["id"] if live else None},
+            current={"live_todo": row["live_id"]},
         )
 
 
-def _check_owner(owner: Any) -> None:
-    check_text(owner, "owner", required=True)
+_TODO_COLUMNS = ("ids", "queues", "sources", "kinds", "titles", "payloads", "idempotency_keys",
+                 "assignees", "max_attempts", "event_ids", "dedupe_hits")
+_EVENT_COLUMNS = ("ids", "sources", "kinds", "payloads")
 
 
-def check_id(todo_id: Any) -> str:
-    """A todo id PostgreSQL can look up; anything else cannot name a todo."""
-    if not isinstance(todo_id, str) or len(todo_id) > 100 or "\x00" in todo_id:
-        raise NotFound(f"no todo {todo_id!r}")
-    return todo_id
+def _owner(owner: Any) -> str:
+    return check_text(owner, "owner", required=True)
 
 
-def _scope(scope) -> list[str] | None:
-    return None if scope is None else list(scope)
+def _claimable_from(queues: Sequence[str], scope: Scope | None) -> list[str]:
+    """The queues a claim names, checked: valid names first, then the token's scope."""
+    queues = check_queues(queues)
+    if scope is not None:
+        scope.check(queues)
+    return queues
+
+
+def _result(result: dict | None) -> str | None:
+    return None if result is None else check_json_object(result, "result")
+
+
+def _queues(scope: Scope | None) -> list[str] | None:
+    return None if scope is None else list(scope.queues)

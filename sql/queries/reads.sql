@@ -19,7 +19,7 @@ WITH pending AS (
     SELECT queue, count(*) AS dead FROM todos WHERE state = 'failed' GROUP BY queue
 ), done AS (
     SELECT queue, count(*) AS done_recent FROM todos
-    WHERE state = 'done' AND completed_at > now() - make_interval(secs => $1)
+    WHERE state = 'done' AND completed_at > now() - make_interval(secs => :recent_seconds)
     GROUP BY queue
 )
 SELECT queue,
@@ -34,11 +34,15 @@ FULL JOIN done USING (queue)
 ORDER BY queue;
 
 -- name: throughput
--- Completions per queue and minute over the last $1 minutes (for the sparklines).
-SELECT queue, date_trunc('minute', completed_at) AS minute, count(*) AS done
+-- Completions per queue and minute over the last :minutes minutes (for the sparklines),
+-- by how many whole minutes ago (0: this minute) on the database's clock.
+SELECT queue,
+       (extract(epoch FROM date_trunc('minute', now()) - date_trunc('minute', completed_at)) / 60)::int
+           AS minutes_ago,
+       count(*) AS done
 FROM todos
-WHERE state = 'done' AND completed_at > date_trunc('minute', now()) - make_interval(mins => $1 - 1)
-GROUP BY queue, minute;
+WHERE state = 'done' AND completed_at > date_trunc('minute', now()) - make_interval(mins => :minutes - 1)
+GROUP BY 1, 2;
 
 -- name: leases
 -- Every claimed todo, soonest expiry first.
@@ -47,28 +51,58 @@ SELECT id, queue, title, kind, owner, attempt, max_attempts, lease_token, claime
        extract(epoch FROM lease_expires_at - now()) AS seconds_left,
        extract(epoch FROM now() - heartbeat_at) AS heartbeat_age, now() AS server_now
 FROM todos
-WHERE state = 'claimed' AND ($1::text IS NULL OR queue = $1)
+WHERE state = 'claimed' AND (:queue::text IS NULL OR queue = :queue)
 ORDER BY lease_expires_at, id
-LIMIT $2;
+LIMIT :limit;
 
 -- name: lease_count
 SELECT count(*) FROM todos WHERE state = 'claimed';
 
 -- name: todo
-SELECT * FROM todos WHERE id = $1;
+-- read_at: the database's clock, which decides whether a pending todo is retrying.
+SELECT *, now() AS read_at FROM todos WHERE id = :id;
 
 -- name: history
-SELECT id, at, from_state, to_state, actor, attempt, note
-FROM todo_history WHERE todo_id = $1 ORDER BY id;
+SELECT at, from_state, to_state, actor, attempt, note
+FROM todo_history WHERE todo_id = :id ORDER BY id;
 
 -- name: event
-SELECT * FROM events WHERE id = $1;
+SELECT * FROM events WHERE id = :id;
 
 -- name: dead_letter_ids
--- "Retry all that match": every dead-letter, in queue $1 when given.
-SELECT id FROM todos WHERE state = 'failed' AND ($1::text IS NULL OR queue = $1)
+-- "Retry all that match": every dead-letter, in :queue when given.
+SELECT id FROM todos WHERE state = 'failed' AND (:queue::text IS NULL OR queue = :queue)
 ORDER BY completed_at;
 
 -- name: dead_letter_queues
 -- The dead-letters page's queue menu (an index-only scan of todos_dead).
 SELECT DISTINCT queue FROM todos WHERE state = 'failed' ORDER BY queue;
+
+-- name: list_todos
+-- The queue page and the API list: newest first, keyset-paginated after the todo
+-- (:before_at, :before_id). Every filter may be null, meaning any. :due picks the two
+-- faces of pending (true: ready, false: retrying). Reads plans this statement for each
+-- call's values (a custom plan), so the null filters fold away and the planner picks
+-- the index that fits the rest; a generic plan could not know which one that is.
+SELECT *, now() AS read_at FROM todos
+WHERE (:queue::text IS NULL OR queue = :queue)
+  AND (:queues::text[] IS NULL OR queue = ANY (:queues))
+  AND (:state::todo_state IS NULL OR state = :state)
+  AND (:due::bool IS NULL OR (next_retry_at IS NULL OR next_retry_at <= now()) = :due)
+  AND (:assignee::text IS NULL OR assignee = :assignee)
+  AND (:owner::text IS NULL OR owner = :owner)
+  AND (:kind::text IS NULL OR kind = :kind)
+  AND (:search::text IS NULL OR id = :search OR idempotency_key = :search OR title ILIKE :search_like)
+  AND (:before_at::timestamptz IS NULL OR (created_at, id) < (:before_at, :before_id::text))
+ORDER BY created_at DESC, id DESC
+LIMIT :limit;
+
+-- name: list_dead_letters
+-- The dead-letters page: newest death first, keyset-paginated after (:before_at,
+-- :before_id), in :queue when given (todos_dead holds queue, so it filters in the index).
+SELECT *, now() AS read_at FROM todos
+WHERE state = 'failed'
+  AND (:queue::text IS NULL OR queue = :queue)
+  AND (:before_at::timestamptz IS NULL OR (completed_at, id) < (:before_at, :before_id::text))
+ORDER BY completed_at DESC, id DESC
+LIMIT :limit;

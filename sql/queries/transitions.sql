@@ -3,19 +3,22 @@
 -- history row in the same statement. No row back means the guard failed; the store then
 -- classifies the miss (classify_miss) as NotFound or Conflict.
 -- Leases are written with clock_timestamp(): a statement may wait on a row lock first.
+-- Parameters are named (:owner); dashboard/queries.py numbers them for asyncpg.
 
 -- name: create_todos
 -- Insert todos, or count the collapsed delivery on the live todo that holds the same
 -- (queue, idempotency_key). Ids are made by the caller so it can tell which items were
--- created; payloads arrive as JSON text (the store encodes each once, when it checks it). Items arrive sorted by (queue, idempotency_key), so concurrent batches lock
--- live rows in one order. $12: actor, $13: the items' extra in-batch duplicates.
+-- created; payloads arrive as JSON text (the store encodes each once, when it checks it).
+-- Items arrive sorted by (queue, idempotency_key), so concurrent batches lock live rows
+-- in one order. :dedupe_hits counts each item's extra duplicates within the batch.
 WITH upserted AS (
     INSERT INTO todos AS t (id, queue, source, kind, title, payload, idempotency_key,
                             assignee, max_attempts, event_id, dedupe_hits)
     SELECT id, queue, source, kind, title, payload::jsonb, idempotency_key, assignee,
            max_attempts, event_id, dedupe_hits
-    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-                $7::text[], $8::text[], $9::int[], $10::text[], $11::int[])
+    FROM unnest(:ids::text[], :queues::text[], :sources::text[], :kinds::text[], :titles::text[],
+                :payloads::text[], :idempotency_keys::text[], :assignees::text[],
+                :max_attempts::int[], :event_ids::text[], :dedupe_hits::int[])
          AS i(id, queue, source, kind, title, payload, idempotency_key, assignee,
               max_attempts, event_id, dedupe_hits)
     ON CONFLICT (queue, idempotency_key)
@@ -26,9 +29,9 @@ WITH upserted AS (
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
     SELECT id,
-           CASE WHEN id = ANY ($1) THEN NULL ELSE state END,
-           state, $12, attempt,
-           CASE WHEN id = ANY ($1) THEN 'created' ELSE 'duplicate delivery collapsed' END
+           CASE WHEN id = ANY (:ids::text[]) THEN NULL ELSE state END,
+           state, :actor, attempt,
+           CASE WHEN id = ANY (:ids::text[]) THEN 'created' ELSE 'duplicate delivery collapsed' END
     FROM upserted
 )
 SELECT * FROM upserted;
@@ -36,112 +39,168 @@ SELECT * FROM upserted;
 -- name: create_events
 INSERT INTO events (id, source, kind, payload)
 SELECT id, source, kind, payload::jsonb
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS e(id, source, kind, payload);
+FROM unnest(:ids::text[], :sources::text[], :kinds::text[], :payloads::text[]) AS e(id, source, kind, payload);
 
--- name: complete_and_claim
--- The busy worker's statement, in one round trip and one commit: complete the todos
--- $5 (lease tokens $6, results $7) held by owner $2, then — only if every one of them
--- completed — claim up to $4 of the oldest claimable todos in queues $1 with a lease of
--- $3 seconds. With no todos to complete it is claim_next / claim_batch; with $4 = 0 it
--- is complete / complete_many. $8, when not null, limits completions to those queues
--- (an API token's). Rows come back tagged 'completed', then 'claimed'.
--- The `id = ANY (…)` forms keep every row lookup on the primary key, in generic plans too.
-WITH to_complete AS (
-    SELECT * FROM unnest($5::text[], $6::bigint[], $7::text[]) AS i(id, lease, result)
-), completed AS (
-    UPDATE todos t
-    SET state = 'done', result = c.result::jsonb, lease_expires_at = NULL, heartbeat_at = NULL,
-        completed_at = clock_timestamp(), updated_at = clock_timestamp()
-    FROM to_complete c
-    WHERE t.id = ANY ($5::text[]) AND t.id = c.id
-      AND t.state = 'claimed' AND t.owner = $2 AND t.lease_token = c.lease
-      AND ($8::text[] IS NULL OR t.queue = ANY ($8::text[]))
-    RETURNING t.*
-), picked AS (
+-- name: claim_batch
+-- Claim up to :n of the oldest claimable todos in :queues for :owner, with a lease of
+-- :ttl seconds (claim_next is a batch of one). Rows come back oldest first.
+-- The `id = ANY (ARRAY (…))` form keeps the row lookups on the primary key in generic plans.
+WITH picked AS (
     SELECT id FROM todos
-    WHERE state = 'pending' AND queue = ANY ($1::text[])
+    WHERE state = 'pending' AND queue = ANY (:queues::text[])
       AND (next_retry_at IS NULL OR next_retry_at <= now())
-      AND (assignee IS NULL OR assignee = $2)
-      AND (SELECT count(*) FROM completed) = cardinality($5::text[])
+      AND (assignee IS NULL OR assignee = :owner)
     ORDER BY created_at
-    LIMIT $4
+    LIMIT :n
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE todos t
-    SET state = 'claimed', owner = $2, attempt = t.attempt + 1,
+    SET state = 'claimed', owner = :owner, attempt = t.attempt + 1,
         lease_token = t.lease_token + 1, next_retry_at = NULL,
-        lease_expires_at = clock_timestamp() + make_interval(secs => $3),
+        lease_expires_at = clock_timestamp() + make_interval(secs => :ttl),
         claimed_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
         updated_at = clock_timestamp()
     WHERE t.id = ANY (ARRAY (SELECT id FROM picked))
     RETURNING t.*
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
-    SELECT id, 'claimed'::todo_state, 'done'::todo_state, $2, attempt, 'completed'
-    FROM completed
-    UNION ALL
-    SELECT id, 'pending', 'claimed', $2, attempt, 'claimed' FROM claimed
+    SELECT id, 'pending', 'claimed', :owner, attempt, 'claimed' FROM claimed
 )
-SELECT 'completed' AS part, * FROM completed
-UNION ALL
-(SELECT 'claimed' AS part, * FROM claimed ORDER BY created_at);
+SELECT * FROM claimed ORDER BY created_at;
 
--- name: claim
--- Claim todo $1 for owner $2 with a lease of $3 seconds, if it is due and not assigned
--- to someone else.
-WITH claimed AS (
+-- name: complete
+-- :owner completes todo :id (lease :lease) with :result (JSON text, or null).
+-- :scope, when not null, is the API token's queues: a todo outside them is not touched
+-- (as in every agent transition below).
+WITH completed AS (
     UPDATE todos
-    SET state = 'claimed', owner = $2, attempt = attempt + 1,
-        lease_token = lease_token + 1, next_retry_at = NULL,
-        lease_expires_at = clock_timestamp() + make_interval(secs => $3),
-        claimed_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
-        updated_at = clock_timestamp()
-    WHERE id = $1 AND state = 'pending'
-      AND (next_retry_at IS NULL OR next_retry_at <= now())
-      AND (assignee IS NULL OR assignee = $2)
+    SET state = 'done', result = :result::text::jsonb, lease_expires_at = NULL, heartbeat_at = NULL,
+        completed_at = clock_timestamp(), updated_at = clock_timestamp()
+    WHERE id = :id AND state = 'claimed' AND owner = :owner AND lease_token = :lease
+      AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
     RETURNING *
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
-    SELECT id, 'pending', 'claimed', $2, attempt, 'claimed by id' FROM claimed
+    SELECT id, 'claimed', 'done', :owner, attempt, 'completed' FROM completed
+)
+SELECT * FROM completed;
+
+-- name: complete_many
+-- complete for many todos in one statement: :ids with their :leases and :results
+-- (JSON text or null), in the same order. The store runs it in a transaction and rolls
+-- back unless every todo completed.
+WITH items AS (
+    SELECT * FROM unnest(:ids::text[], :leases::bigint[], :results::text[]) AS i(id, lease, result)
+), completed AS (
+    UPDATE todos t
+    SET state = 'done', result = i.result::jsonb, lease_expires_at = NULL, heartbeat_at = NULL,
+        completed_at = clock_timestamp(), updated_at = clock_timestamp()
+    FROM items i
+    WHERE t.id = ANY (:ids::text[]) AND t.id = i.id
+      AND t.state = 'claimed' AND t.owner = :owner AND t.lease_token = i.lease
+      AND (:scope::text[] IS NULL OR t.queue = ANY (:scope::text[]))
+    RETURNING t.*
+), logged AS (
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
+    SELECT id, 'claimed', 'done', :owner, attempt, 'completed' FROM completed
+)
+SELECT * FROM completed;
+
+-- name: complete_and_claim_next
+-- The busy worker's statement: complete todo :id as `complete` does, then — only if it
+-- completed — claim the oldest claimable todo in :queues as `claim_batch` does, in one
+-- round trip and one commit. Rows come back tagged 'completed', then 'claimed'.
+WITH completed AS (
+    UPDATE todos
+    SET state = 'done', result = :result::text::jsonb, lease_expires_at = NULL, heartbeat_at = NULL,
+        completed_at = clock_timestamp(), updated_at = clock_timestamp()
+    WHERE id = :id AND state = 'claimed' AND owner = :owner AND lease_token = :lease
+      AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
+    RETURNING *
+), picked AS (
+    SELECT id FROM todos
+    WHERE state = 'pending' AND queue = ANY (:queues::text[])
+      AND (next_retry_at IS NULL OR next_retry_at <= now())
+      AND (assignee IS NULL OR assignee = :owner)
+      AND EXISTS (SELECT FROM completed)
+    ORDER BY created_at
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE todos t
+    SET state = 'claimed', owner = :owner, attempt = t.attempt + 1,
+        lease_token = t.lease_token + 1, next_retry_at = NULL,
+        lease_expires_at = clock_timestamp() + make_interval(secs => :ttl),
+        claimed_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
+        updated_at = clock_timestamp()
+    WHERE t.id = ANY (ARRAY (SELECT id FROM picked))
+    RETURNING t.*
+), logged AS (
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
+    SELECT id, 'claimed'::todo_state, 'done'::todo_state, :owner, attempt, 'completed'
+    FROM completed
+    UNION ALL
+    SELECT id, 'pending', 'claimed', :owner, attempt, 'claimed' FROM claimed
+)
+SELECT 'completed' AS part, * FROM completed
+UNION ALL
+SELECT 'claimed' AS part, * FROM claimed;
+
+-- name: claim
+-- Claim todo :id for :owner with a lease of :ttl seconds, if it is due and not assigned
+-- to someone else.
+WITH claimed AS (
+    UPDATE todos
+    SET state = 'claimed', owner = :owner, attempt = attempt + 1,
+        lease_token = lease_token + 1, next_retry_at = NULL,
+        lease_expires_at = clock_timestamp() + make_interval(secs => :ttl),
+        claimed_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
+        updated_at = clock_timestamp()
+    WHERE id = :id AND state = 'pending'
+      AND (next_retry_at IS NULL OR next_retry_at <= now())
+      AND (assignee IS NULL OR assignee = :owner)
+      AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
+    RETURNING *
+), logged AS (
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
+    SELECT id, 'pending', 'claimed', :owner, attempt, 'claimed by id' FROM claimed
 )
 SELECT * FROM claimed;
 
 -- name: heartbeat
--- Extend the lease of todo $1 (owner $2, lease $3) to $4 seconds from now. Succeeds on a
--- lapsed lease the reaper has not yet taken, as SQS does. $5: allowed queues (or null),
--- as in every agent transition below.
+-- Extend the lease of todo :id (owner :owner, lease :lease) to :ttl seconds from now.
+-- Succeeds on a lapsed lease the reaper has not yet taken, as SQS does.
 WITH beat AS (
     UPDATE todos
-    SET lease_expires_at = clock_timestamp() + make_interval(secs => $4),
+    SET lease_expires_at = clock_timestamp() + make_interval(secs => :ttl),
         heartbeat_at = clock_timestamp(), updated_at = clock_timestamp()
-    WHERE id = $1 AND state = 'claimed' AND owner = $2 AND lease_token = $3
-      AND ($5::text[] IS NULL OR queue = ANY ($5::text[]))
+    WHERE id = :id AND state = 'claimed' AND owner = :owner AND lease_token = :lease
+      AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
     RETURNING *
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
-    SELECT id, 'claimed', 'claimed', $2, attempt, 'heartbeat' FROM beat
+    SELECT id, 'claimed', 'claimed', :owner, attempt, 'heartbeat' FROM beat
 )
 SELECT * FROM beat;
 
 -- name: release
--- Give todo $1 back (owner $2, lease $3; allowed queues $4). The attempt stays counted,
--- as in SQS.
+-- Give todo :id back (owner :owner, lease :lease). The attempt stays counted, as in SQS.
 WITH released AS (
     UPDATE todos
     SET state = 'pending', owner = NULL, lease_expires_at = NULL, heartbeat_at = NULL,
         updated_at = clock_timestamp()
-    WHERE id = $1 AND state = 'claimed' AND owner = $2 AND lease_token = $3
-      AND ($4::text[] IS NULL OR queue = ANY ($4::text[]))
+    WHERE id = :id AND state = 'claimed' AND owner = :owner AND lease_token = :lease
+      AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
     RETURNING *
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
-    SELECT id, 'claimed', 'pending', $2, attempt, 'released' FROM released
+    SELECT id, 'claimed', 'pending', :owner, attempt, 'released' FROM released
 )
 SELECT * FROM released;
 
 -- name: fail
--- Todo $1 (owner $2, lease $3; allowed queues $5) failed with error $4: back to pending
--- with a retry time below max_attempts, dead-lettered (failed) at the cap.
+-- Todo :id (owner :owner, lease :lease) failed with :error: back to pending with a retry
+-- time below max_attempts, dead-lettered (failed) at the cap.
 WITH failed AS (
     UPDATE todos
     SET state = CASE WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END::todo_state,
@@ -149,25 +208,25 @@ WITH failed AS (
                              THEN clock_timestamp() + todo_backoff(attempt) END,
         completed_at = CASE WHEN attempt >= max_attempts THEN clock_timestamp() END,
         owner = CASE WHEN attempt >= max_attempts THEN owner END,
-        lease_expires_at = NULL, heartbeat_at = NULL, last_error = $4,
+        lease_expires_at = NULL, heartbeat_at = NULL, last_error = :error,
         updated_at = clock_timestamp()
-    WHERE id = $1 AND state = 'claimed' AND owner = $2 AND lease_token = $3
-      AND ($5::text[] IS NULL OR queue = ANY ($5::text[]))
+    WHERE id = :id AND state = 'claimed' AND owner = :owner AND lease_token = :lease
+      AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
     RETURNING *
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
-    SELECT id, 'claimed', state, $2, attempt, $4 FROM failed
+    SELECT id, 'claimed', state, :owner, attempt, :error FROM failed
 )
 SELECT * FROM failed;
 
 -- name: reap
--- Up to $1 claimed todos whose lease lapsed: treated as a failure of their owner. Safe
--- with many reapers at once: each locks different rows, and the guard is re-checked.
+-- Up to :limit claimed todos whose lease lapsed: treated as a failure of their owner.
+-- Safe with many reapers at once: each locks different rows, and the guard is re-checked.
 WITH expired AS (
     SELECT id FROM todos
     WHERE state = 'claimed' AND lease_expires_at < now()
     ORDER BY lease_expires_at
-    LIMIT $1
+    LIMIT :limit
     FOR UPDATE SKIP LOCKED
 ), reaped AS (
     UPDATE todos t
@@ -189,13 +248,13 @@ WITH expired AS (
 SELECT * FROM reaped;
 
 -- name: promote_due_retries
--- Up to $1 retrying todos whose time has come: clearing next_retry_at fires the NOTIFY
--- hint that wakes waiting workers (claims already accept a due retry without this).
+-- Up to :limit retrying todos whose time has come: clearing next_retry_at fires the
+-- NOTIFY hint that wakes waiting workers (claims already accept a due retry without this).
 WITH due AS (
     SELECT id FROM todos
     WHERE state = 'pending' AND next_retry_at <= now()
     ORDER BY next_retry_at
-    LIMIT $1
+    LIMIT :limit
     FOR UPDATE SKIP LOCKED
 ), promoted AS (
     UPDATE todos t SET next_retry_at = NULL, updated_at = clock_timestamp()
@@ -208,30 +267,30 @@ WITH due AS (
 SELECT count(*) FROM promoted;
 
 -- name: retry
--- Operator $2 retries dead-lettered todo $1: a fresh budget (attempt 0) unless $3
--- (one more attempt: max_attempts raised by one). Raises unique_violation when a live
--- todo already holds the key; the store turns that into a Conflict naming it.
+-- Operator :actor retries dead-lettered todo :id: a fresh budget (attempt 0) unless
+-- :one_more (one more attempt: max_attempts raised by one). Raises unique_violation when
+-- a live todo already holds the key; the store turns that into a Conflict naming it.
 WITH retried AS (
     UPDATE todos
     SET state = 'pending', owner = NULL, completed_at = NULL, next_retry_at = NULL,
-        attempt = CASE WHEN $3 THEN attempt ELSE 0 END,
-        max_attempts = CASE WHEN $3 THEN attempt + 1 ELSE max_attempts END,
+        attempt = CASE WHEN :one_more THEN attempt ELSE 0 END,
+        max_attempts = CASE WHEN :one_more THEN attempt + 1 ELSE max_attempts END,
         updated_at = clock_timestamp()
-    WHERE id = $1 AND state = 'failed'
+    WHERE id = :id AND state = 'failed'
     RETURNING *
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
-    SELECT id, 'failed', 'pending', $2, attempt,
-           CASE WHEN $3 THEN 'retried by operator: one more attempt'
+    SELECT id, 'failed', 'pending', :actor, attempt,
+           CASE WHEN :one_more THEN 'retried by operator: one more attempt'
                 ELSE 'retried by operator: fresh budget' END
     FROM retried
 )
 SELECT * FROM retried;
 
 -- name: force_release
--- Operator $2 takes back the lease on todo $1 (a dead agent still holds it).
+-- Operator :actor takes back the lease on todo :id (a dead agent still holds it).
 WITH released AS (
-    SELECT id, owner FROM todos WHERE id = $1 AND state = 'claimed' FOR UPDATE
+    SELECT id, owner FROM todos WHERE id = :id AND state = 'claimed' FOR UPDATE
 ), updated AS (
     UPDATE todos t
     SET state = 'pending', owner = NULL, lease_expires_at = NULL, heartbeat_at = NULL,
@@ -240,28 +299,33 @@ WITH released AS (
     RETURNING t.*
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
-    SELECT u.id, 'claimed', 'pending', $2, u.attempt,
+    SELECT u.id, 'claimed', 'pending', :actor, u.attempt,
            'lease force-released (was held by ' || r.owner || ')'
     FROM updated u JOIN released r USING (id)
 )
 SELECT * FROM updated;
 
 -- name: classify_miss
--- Why a guarded transition on todo $1 matched nothing.
+-- Why a guarded transition on todo :id matched nothing.
 SELECT queue, state, owner, assignee, lease_token, next_retry_at, now() AS now
-FROM todos WHERE id = $1;
+FROM todos WHERE id = :id;
 
 -- name: live_todo_with_key
-SELECT id, state, owner FROM todos
-WHERE queue = $1 AND idempotency_key = $2 AND state NOT IN ('done', 'failed');
+-- Why a retry of todo :id broke the dedupe index: the live todo that holds its key.
+SELECT d.queue, d.idempotency_key, live.id AS live_id, live.state AS live_state
+FROM todos d
+LEFT JOIN todos live ON live.queue = d.queue AND live.idempotency_key = d.idempotency_key
+                    AND live.state NOT IN ('done', 'failed')
+WHERE d.id = :id;
 
 -- name: prune_finished
--- Delete up to $2 finished todos (done or dead) that finished more than $1 seconds ago.
+-- Delete up to :batch finished todos (done or dead) that finished more than
+-- :older_than seconds ago.
 WITH old AS (
     SELECT id FROM todos
     WHERE state IN ('done', 'failed')
-      AND completed_at < now() - make_interval(secs => $1)
-    LIMIT $2
+      AND completed_at < now() - make_interval(secs => :older_than)
+    LIMIT :batch
     FOR UPDATE SKIP LOCKED
 )
 DELETE FROM todos WHERE id = ANY (ARRAY (SELECT id FROM old));
