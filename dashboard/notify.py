@@ -1,7 +1,7 @@
 """The hint hub: one LISTEN connection per process, fanned out to every subscriber.
 
-Subscribers are browser pages (SSE), agents' notify channels (SSE) and waiting long-poll
-claims. A hint only says "something happened in queue q"; the queue stays the ledger.
+Subscribers are browser pages (SSE), agents' notify channels (SSE), waiting long-poll
+claims and the Python Worker (which runs a hub of its own). A hint only says "something happened in queue q"; the queue stays the ledger.
 Each subscriber keeps the set of queues hinted since it last looked, so a burst of
 hints costs it one wake-up, never an unbounded backlog. When the LISTEN connection is
 lost it is re-opened with backoff and every subscriber is told to resync, because hints
@@ -43,6 +43,10 @@ class Subscription:
         self.resync = True
         self._event.set()
 
+    def wake(self) -> None:
+        """End a `wait` without a hint (a worker that is stopping)."""
+        self._event.set()
+
     async def wait(self, seconds: float | None = None) -> bool:
         """Wait for a hint (or resync); False when `seconds` pass first."""
         try:
@@ -74,17 +78,12 @@ class Hub:
         self._subscribers: set[Subscription] = set()
         self._task: asyncio.Task | None = None
         self.connected = asyncio.Event()
-        self.reconnects = 0
 
     def subscribe(self, queues: Iterable[str] | None = None) -> Subscription:
         """Hints for `queues` (all queues when None). Close it (or use `with`) when done."""
         sub = Subscription(self, queues)
         self._subscribers.add(sub)
         return sub
-
-    @property
-    def subscriber_count(self) -> int:
-        return len(self._subscribers)
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._supervise(), name="switchboard-listener")
@@ -118,7 +117,6 @@ class Hub:
                 await conn.add_listener(CHANNEL, self._on_notify)
                 self.connected.set()
                 if not first:
-                    self.reconnects += 1
                     log.warning("LISTEN connection re-opened; telling subscribers to resync")
                     for sub in self._subscribers:
                         sub._resync()

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import json
 import logging
 import os
 import signal
@@ -31,10 +30,10 @@ from typing import Any
 from dashboard import db as dbmod
 from dashboard.errors import SwitchboardError
 from dashboard.models import Todo, check_queues, check_ttl
+from dashboard.notify import Hub, Subscription
 from dashboard.store import Store
 
 log = logging.getLogger("switchboard.worker")
-CHANNEL = "switchboard"
 
 
 def default_owner() -> str:
@@ -63,14 +62,14 @@ class Worker:
         self.poll_interval = poll_interval
         self.grace = grace
         self._stopping = asyncio.Event()
-        self._hint = asyncio.Event()
+        self._hints: Subscription | None = None
         self._running: dict[asyncio.Task, Todo] = {}
-        self.processed = 0
 
     def stop(self) -> None:
         """Stop claiming; running handlers get `grace` seconds before their todos are released."""
         self._stopping.set()
-        self._hint.set()
+        if self._hints is not None:
+            self._hints.wake()
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -78,23 +77,19 @@ class Worker:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.stop)
         pool = await dbmod.create_pool(self.dsn, min_size=1, max_size=self.concurrency + 1)
-        listener = await dbmod.connect(self.dsn)
-        await listener.add_listener(CHANNEL, self._on_hint)
+        hub = Hub(self.dsn)
+        await hub.start()
+        self._hints = hub.subscribe(self.queues)
         store = Store(pool)
         try:
-            await self._claim_loop(store)
-            await self._drain(store)
+            await self._claim_loop(store, self._hints)
+            await self._drain()
         finally:
-            with contextlib.suppress(Exception):
-                await listener.close()
+            self._hints.close()
+            await hub.stop()
             await pool.close()
 
-    def _on_hint(self, _conn, _pid, _channel, payload: str) -> None:
-        with contextlib.suppress(ValueError):
-            if json.loads(payload).get("queue") in self.queues:
-                self._hint.set()
-
-    async def _claim_loop(self, store: Store) -> None:
+    async def _claim_loop(self, store: Store, hints: Subscription) -> None:
         while not self._stopping.is_set():
             free = self.concurrency - len(self._running)
             if free <= 0:  # every slot busy: wait for one to free up, or for stop()
@@ -102,7 +97,7 @@ class Worker:
                 await asyncio.wait([*self._running, stopping], return_when=asyncio.FIRST_COMPLETED)
                 stopping.cancel()
                 continue
-            self._hint.clear()
+            hints.take()
             try:
                 todos = await store.claim_batch(self.queues, self.owner, self.ttl, free)
             except (TimeoutError, OSError, SwitchboardError):
@@ -112,11 +107,10 @@ class Worker:
                 task = asyncio.create_task(self._process(store, todo))
                 self._running[task] = todo
                 task.add_done_callback(self._running.pop)
-            if not todos:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._hint.wait(), self.poll_interval)
+            if not todos and not self._stopping.is_set():
+                await hints.wait(self.poll_interval)
 
-    async def _drain(self, store: Store) -> None:
+    async def _drain(self) -> None:
         if not self._running:
             return
         _, pending = await asyncio.wait(list(self._running), timeout=self.grace)
@@ -139,7 +133,6 @@ class Worker:
             if result is not None and not isinstance(result, dict):
                 result = {"value": result}
             await self._settle(store.complete(todo.id, self.owner, todo.lease_token, result))
-            self.processed += 1
         finally:
             beat.cancel()
 

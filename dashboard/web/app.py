@@ -9,10 +9,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from litestar import Litestar, Request, get
+from litestar import Litestar, Request, Router, get
 from litestar.config.csrf import CSRFConfig
 from litestar.datastructures import MutableScopeHeaders, State
 from litestar.di import Provide
+from litestar.response import ServerSentEvent
 from litestar.middleware.session.client_side import CookieBackendConfig
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import ScalarRenderPlugin
@@ -28,9 +29,11 @@ from dashboard.notify import Hub
 from dashboard.reads import Reads
 from dashboard.reaper import run_reaper
 from dashboard.store import Store
-from dashboard.web import api, pages, templating
-from dashboard.web.auth import SESSION_MAX_AGE
+from dashboard.web import actions, api, login, pages, templating
+from dashboard.web.auth import SESSION_MAX_AGE, require_login
 from dashboard.web.errors import EXCEPTION_HANDLERS
+from dashboard.web.live import page_stream
+from dashboard.web.services import Services
 from dashboard.web.stats_cache import StatsCache
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -74,45 +77,56 @@ async def healthz() -> dict:
     return {"ok": True}
 
 
+@get("/events")
+async def events(request: Request, hub: Hub) -> ServerSentEvent:
+    """Hints for open pages (dashboard/web/live.py)."""
+    return ServerSentEvent(page_stream(hub, request.app.template_engine))
+
+
+def _provide(name: str) -> Provide:
+    def service(state: State) -> object:
+        return getattr(state.services, name)
+
+    return Provide(service, sync_to_thread=False)
+
+
+# Each service the lifespan opened, injected by name (see services.py).
+DEPENDENCIES = {name: _provide(name) for name in ("store", "reads", "accounts", "hub", "stats")}
+
+
 def create_app(dsn: str, secrets: WebSecrets, *, reaper: bool = True, pool_size: int = 10) -> Litestar:
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         pool = await create_pool(dsn, max_size=pool_size)
-        app.state.update(db=Database(dsn=dsn, pool=pool), store=Store(pool), reads=Reads(pool),
-                         accounts=Accounts(pool))
         hub = Hub(dsn)
         await hub.start()
-        app.state.hub = hub
-        app.state.stats = StatsCache(app.state.reads, hub)
+        reads = Reads(pool)
+        app.state.services = Services(store=Store(pool), reads=reads, accounts=Accounts(pool), hub=hub,
+                                      stats=StatsCache(reads, hub))
         stop = asyncio.Event()
-        task = asyncio.create_task(run_reaper(Store(pool), stop=stop)) if reaper else None
+        task = asyncio.create_task(run_reaper(app.state.services.store, stop=stop)) if reaper else None
         try:
             yield
         finally:
             stop.set()
             if task:
                 await task
-            app.state.stats.close()
+            app.state.services.stats.close()
             await hub.stop()
             await pool.close()
-
-    def provide_store(request: Request) -> Store:
-        return request.app.state.store
-
-    def provide_reads(request: Request) -> Reads:
-        return request.app.state.reads
 
     return Litestar(
         route_handlers=[
             healthz,
-            *pages.ROUTES,
+            *login.ROUTES,
+            Router("/", route_handlers=[*pages.ROUTES, *actions.ROUTES, events], before_request=require_login,
+                   include_in_schema=False),
             api.router,
             create_static_files_router(path="/static", directories=[ROOT / "static"],
                                        include_in_schema=False),
         ],
-        state=State({"has_operators": False}),
-        dependencies={"store": Provide(provide_store, sync_to_thread=False),
-                      "reads": Provide(provide_reads, sync_to_thread=False)},
+        state=State(),
+        dependencies=DEPENDENCIES,
         template_config=TemplateConfig(directory=ROOT / "templates", engine=JinjaTemplateEngine,
                                        engine_callback=templating.configure),
         plugins=[HTMXPlugin()],

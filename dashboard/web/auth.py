@@ -15,7 +15,8 @@ from litestar.exceptions import NotAuthorizedException, PermissionDeniedExceptio
 from litestar.handlers import BaseRouteHandler
 from litestar.response import Redirect, Template
 
-from dashboard.accounts import Agent, Operator
+from dashboard.accounts import Accounts, Agent, Operator
+from dashboard.web.services import services
 
 SESSION_MAX_AGE = 8 * 3600
 
@@ -35,17 +36,17 @@ async def current_operator(request: ASGIConnection) -> Operator | None:
     age = datetime.now(UTC) - datetime.fromisoformat(login_at)
     operator = None
     if age.total_seconds() <= SESSION_MAX_AGE:  # the cookie's Max-Age is only advice
-        operator = await request.app.state.accounts.operator(name)
+        operator = await services(request).accounts.operator(name)
     request.scope["operator"] = operator
     return operator
 
 
 async def require_login(request: Request) -> Any:
     """before_request for dashboard routes: the login page for anyone not logged in."""
-    state = request.app.state
-    if not state.has_operators:
-        state.has_operators = await state.accounts.has_operators()
-        if not state.has_operators:
+    known = services(request)
+    if not known.has_operators:
+        known.has_operators = await known.accounts.has_operators()
+        if not known.has_operators:
             return Template("no_operators.html", status_code=503)
     if await current_operator(request) is None:
         return to_login(request)
@@ -71,23 +72,13 @@ async def operators_only(connection: ASGIConnection, _: BaseRouteHandler) -> Non
         raise PermissionDeniedException("viewers can look but not change anything")
 
 
-async def require_agent(request: Request) -> Agent:
+async def require_agent(request: Request, accounts: Accounts) -> Agent:
     """The agent whose bearer token came with the request (a dependency of API routes)."""
     header = request.headers.get("authorization", "")
     scheme, _, secret = header.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         raise NotAuthorizedException("send Authorization: Bearer <token>")
-    agent = await request.app.state.accounts.agent_for(secret.strip())
+    agent = await accounts.agent_for(secret.strip())
     if agent is None:
         raise NotAuthorizedException("the token is unknown or revoked")
     return agent
-
-
-def may_use(agent: Agent, queues) -> None:
-    """403 unless the agent's token covers every queue in `queues`."""
-    outside = [q for q in queues if q not in agent.queues]
-    if outside:
-        raise PermissionDeniedException(
-            f"token {agent.token_id} may not use queue {', '.join(outside)} "
-            f"(it covers {', '.join(agent.queues)})"
-        )

@@ -43,4 +43,3 @@ def iso(value: datetime | None) -> str:
 def configure(engine: JinjaTemplateEngine) -> None:
     env = engine.engine
     env.filters.update(ago=ago, duration=duration, pretty_json=pretty_json, iso=iso)
-    env.globals["now"] = lambda: datetime.now(UTC)

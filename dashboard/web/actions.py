@@ -1,0 +1,125 @@
+"""Dashboard form actions (POST, operators only). Each goes through the same Store the
+agents use, with `operator:<name>` as the actor, and answers with `after_action`: the
+re-rendered partial for htmx, a redirect with a flash message for a plain form."""
+
+from __future__ import annotations
+
+import json
+
+from litestar import Request, post
+from litestar.response import Redirect, Template
+
+from dashboard.accounts import Accounts
+from dashboard.errors import InvalidInput
+from dashboard.models import DEFAULT_MAX_ATTEMPTS, NewTodo
+from dashboard.reads import Reads
+from dashboard.store import Store
+from dashboard.web.auth import operators_only
+from dashboard.web.pages import dead_context, leases_context, todo_context
+from dashboard.web.responses import after_action, page, redirect, render
+
+CREATE_FIELDS = ("queue", "title", "kind", "payload", "assignee", "idempotency_key", "max_attempts")
+
+
+def actor(request: Request) -> str:
+    return f"operator:{request.scope['operator'].name}"
+
+
+def budget(form) -> bool:
+    """The retry budget choice: True for one more attempt, False for a fresh budget."""
+    choice = form.get("budget", "fresh")
+    if choice not in ("fresh", "one_more"):
+        raise InvalidInput("budget", "must be fresh or one_more")
+    return choice == "one_more"
+
+
+@post("/todos/{todo_id:str}/retry", guards=[operators_only])
+async def retry_todo(request: Request, store: Store, reads: Reads, todo_id: str) -> Template | Redirect:
+    todo = await store.retry(todo_id, actor(request), one_more=budget(await request.form()))
+    return await after_action(request, f"{todo.id} retried: pending again", url=f"/todos/{todo_id}",
+                              partial="partials/todo.html", context=lambda: todo_context(reads, todo_id))
+
+
+@post("/todos/{todo_id:str}/release", guards=[operators_only])
+async def release_todo(request: Request, store: Store, reads: Reads, todo_id: str) -> Template | Redirect:
+    from_leases = (await request.form()).get("back") == "leases"
+    todo = await store.force_release(todo_id, actor(request))
+    message = f"lease on {todo.id} released: pending again"
+    if from_leases:
+        return await after_action(request, message, url="/leases", partial="partials/leases.html",
+                                  context=lambda: leases_context(reads))
+    return await after_action(request, message, url=f"/todos/{todo_id}", partial="partials/todo.html",
+                              context=lambda: todo_context(reads, todo_id))
+
+
+@post("/dead/retry", guards=[operators_only])
+async def retry_dead(request: Request, store: Store, reads: Reads) -> Template | Redirect:
+    form = await request.form()
+    one_more = budget(form)
+    queue = form.get("queue") or None
+    if form.get("one"):
+        ids = [form["one"]]
+    elif form.get("scope") == "all":
+        ids = await reads.dead_letter_ids(queue)
+    else:
+        ids = form.getall("ids") if "ids" in form else []
+        if not ids:
+            raise InvalidInput("ids", "select at least one dead-letter to retry")
+    report = await store.retry_many(ids, actor(request), one_more=one_more)
+    return await after_action(request, report.summary(), kind="error" if report.refused else "ok",
+                              url="/dead" + (f"?queue={queue}" if queue else ""),
+                              partial="partials/dead.html", context=lambda: dead_context(reads, queue))
+
+
+@post("/create", guards=[operators_only])
+async def create_todo(request: Request, store: Store) -> Template | Redirect:
+    form = await request.form()
+    values = {f: form.get(f, "").strip() if f != "payload" else form.get(f, "") for f in CREATE_FIELDS}
+    errors: dict[str, str] = {}
+    try:
+        payload = json.loads(values["payload"] or "{}")
+    except json.JSONDecodeError as exc:
+        errors["payload"] = f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        payload = None
+    try:
+        max_attempts = int(values["max_attempts"] or DEFAULT_MAX_ATTEMPTS)
+    except ValueError:
+        errors["max_attempts"] = "must be a whole number from 1 to 100"
+        max_attempts = DEFAULT_MAX_ATTEMPTS
+    if not errors:
+        item = NewTodo(queue=values["queue"], title=values["title"], kind=values["kind"] or None,
+                       payload=payload, assignee=values["assignee"] or None,
+                       idempotency_key=values["idempotency_key"] or None, max_attempts=max_attempts)
+        try:
+            created = await store.create(item, actor=actor(request))
+        except InvalidInput as exc:
+            errors[exc.field] = exc.message
+        else:
+            todo = created.todo
+            if not created.created:
+                return redirect(request, f"/todos/{todo.id}",
+                                f"A live todo already holds key {todo.idempotency_key!r} in {todo.queue}: "
+                                "this is it (the duplicate was counted, nothing new was created).", "info")
+            return redirect(request, f"/queues/{todo.queue}", f"created {todo.id}: {todo.title}")
+    return render(request, "create.html", status=422, values=values, errors=errors, flash=None)
+
+
+@post("/tokens", guards=[operators_only])
+async def add_token(request: Request, accounts: Accounts) -> Template:
+    form = await request.form()
+    queues = [q.strip() for q in form.get("queues", "").split(",") if q.strip()]
+    error, secret = None, None
+    try:
+        _, secret = await accounts.add_token(form.get("agent", "").strip(), queues, actor=actor(request))
+    except InvalidInput as exc:
+        error = str(exc)
+    return page(request, "tokens.html", tokens=await accounts.list_tokens(), new_secret=secret, error=error)
+
+
+@post("/tokens/{token_id:str}/revoke", guards=[operators_only])
+async def revoke_token(request: Request, accounts: Accounts, token_id: str) -> Redirect:
+    await accounts.revoke_token(token_id, actor=actor(request))
+    return redirect(request, "/tokens", f"token {token_id} revoked")
+
+
+ROUTES = [retry_todo, release_todo, retry_dead, create_todo, add_token, revoke_token]

@@ -1,0 +1,31 @@
+"""What the app's lifespan opens for its handlers, in one place.
+
+Handlers receive each service by injection (app.py's `Provide`s); guards and hooks,
+which Litestar does not inject, reach them with `services(connection)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from litestar.connection import ASGIConnection
+
+from dashboard.accounts import Accounts
+from dashboard.notify import Hub
+from dashboard.reads import Reads
+from dashboard.store import Store
+from dashboard.web.stats_cache import StatsCache
+
+
+@dataclass
+class Services:
+    store: Store
+    reads: Reads
+    accounts: Accounts
+    hub: Hub
+    stats: StatsCache
+    has_operators: bool = False  # remembered once true: operators are never all removed at run time
+
+
+def services(connection: ASGIConnection) -> Services:
+    return connection.app.state.services
