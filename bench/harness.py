@@ -137,9 +137,11 @@ class AppProcess:
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         env = {**os.environ, "DATABASE_URL": self.dsn}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dashboard.cli", "serve", "--host", "127.0.0.1",
-             "--port", str(self.port)],
-            env=env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", "dashboard.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             cwd=ROOT,
         )
 

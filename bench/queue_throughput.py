@@ -110,9 +110,7 @@ class Row:
         """The median of the per-run ratios: each run's two variants ran back to back."""
         if self.versus is None:
             return None
-        return statistics.median(
-            a / b for a, b in zip(self.series.rates, self.versus.rates, strict=True)
-        )
+        return statistics.median(a / b for a, b in zip(self.series.rates, self.versus.rates, strict=True))
 
     @property
     def verdict(self) -> str:
@@ -185,8 +183,14 @@ class Server:
             await conn.close()
 
 
-SETTINGS = ("fsync", "synchronous_commit", "full_page_writes", "wal_sync_method",
-            "shared_buffers", "max_connections")
+SETTINGS = (
+    "fsync",
+    "synchronous_commit",
+    "full_page_writes",
+    "wal_sync_method",
+    "shared_buffers",
+    "max_connections",
+)
 
 
 async def server_settings(dsn: str) -> dict[str, str]:
@@ -252,8 +256,17 @@ def raw_columns(ids, numbers, keys) -> tuple:
     """create_todos' 11 array arguments for plain asyncpg (jsonb passed as JSON text)."""
     n = len(ids)
     return (
-        ids, [QUEUE] * n, ["bench"] * n, ["bench"] * n, [f"todo {i}" for i in numbers],
-        [f'{{"n": {i}}}' for i in numbers], keys, [None] * n, [5] * n, [None] * n, [0] * n,
+        ids,
+        [QUEUE] * n,
+        ["bench"] * n,
+        ["bench"] * n,
+        [f"todo {i}" for i in numbers],
+        [f'{{"n": {i}}}' for i in numbers],
+        keys,
+        [None] * n,
+        [5] * n,
+        [None] * n,
+        [0] * n,
     )
 
 
@@ -272,7 +285,8 @@ async def reset(admin: asyncpg.Connection) -> None:
            )
            INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
            SELECT id, 'claimed', 'done', 'seed', 1, 'completed' FROM made""",
-        SEED_DONE, QUEUE,
+        SEED_DONE,
+        QUEUE,
     )
 
 
@@ -314,8 +328,13 @@ async def connections(dsn: str, n: int, *, codec: bool):
     opened: list[asyncpg.Connection] = []
     try:
         for _ in range(n):
-            opened.append(await (dbmod.connect(dsn) if codec else
-                                 asyncpg.connect(dsn, server_settings=dbmod.SERVER_SETTINGS)))
+            opened.append(
+                await (
+                    dbmod.connect(dsn)
+                    if codec
+                    else asyncpg.connect(dsn, server_settings=dbmod.SERVER_SETTINGS)
+                )
+            )
         yield opened
     finally:
         for conn in opened:
@@ -367,8 +386,7 @@ async def baseline_claim_complete(conn: asyncpg.Connection, owner: str) -> int:
 
 async def baseline_enqueue_one(conn: asyncpg.Connection, items: list[tuple]) -> int:
     for number, key in items:
-        await conn.fetch(CREATE, *raw_columns([f"td_{uuid.uuid4()}"], [number], [key]),
-                         "producer")
+        await conn.fetch(CREATE, *raw_columns([f"td_{uuid.uuid4()}"], [number], [key]), "producer")
     return len(items)
 
 
@@ -397,9 +415,7 @@ async def store_complete_and_claim_next(store: Store, owner: str) -> int:
     done = 0
     todo = await store.claim_next([QUEUE], owner, TTL)
     while todo is not None:
-        _, todo = await store.complete_and_claim_next(
-            todo.id, owner, todo.lease_token, None, [QUEUE], TTL
-        )
+        _, todo = await store.complete_and_claim_next(todo.id, owner, todo.lease_token, None, [QUEUE], TTL)
         done += 1
     return done
 
@@ -453,16 +469,14 @@ async def family_claim(server: Server, args, results: Results) -> None:
                     return await timed([worker(c, f"w{i}") for i, c in enumerate(conns)])
             async with stores(dsn, workers, pool=pooled) as ss:
                 return await timed([worker(s, f"w{i}") for i, s in enumerate(ss)])
+
         return run
 
     await commit_probe(admin, results)
     variants = [
-        ("base", "baseline SQL loop: claim, complete",
-         consume(baseline_claim_complete, None)),
-        ("store", "Store.claim_next + Store.complete",
-         consume(store_claim_complete, args.pool)),
-        ("cacn", "Store.complete_and_claim_next",
-         consume(store_complete_and_claim_next, args.pool)),
+        ("base", "baseline SQL loop: claim, complete", consume(baseline_claim_complete, None)),
+        ("store", "Store.claim_next + Store.complete", consume(store_claim_complete, args.pool)),
+        ("cacn", "Store.complete_and_claim_next", consume(store_complete_and_claim_next, args.pool)),
     ]
     try:
         for rep in range(args.runs):
@@ -503,9 +517,7 @@ async def family_batch(server: Server, args, results: Results) -> None:
         async def ours() -> tuple[float, int]:
             await fill(admin, n)
             async with stores(dsn, workers, pool=args.pool) as ss:
-                seconds, done = await timed(
-                    [store_batches(s, f"w{i}") for i, s in enumerate(ss)]
-                )
+                seconds, done = await timed([store_batches(s, f"w{i}") for i, s in enumerate(ss)])
             await expect_states(admin, {"done": n + SEED_DONE}, "claim_batch + complete_many")
             return seconds, done
 
@@ -514,8 +526,7 @@ async def family_batch(server: Server, args, results: Results) -> None:
 
         variants = [
             ("batch", f"Store.claim_batch({BATCH_CLAIM}) + complete_many, 4 workers", ours),
-            ("pgq", f"PgQueuer {pgqueuer_version()} QueueManager, batch {BATCH_CLAIM}, "
-                    "4 workers", theirs),
+            ("pgq", f"PgQueuer {pgqueuer_version()} QueueManager, batch {BATCH_CLAIM}, 4 workers", theirs),
         ]
         for rep in range(args.runs):
             log(f"[batch] run {rep + 1}/{args.runs}")
@@ -559,14 +570,13 @@ async def run_pgqueuer(dsn: str, admin: asyncpg.Connection, n: int, workers: int
 
     settings = Queries.from_asyncpg_connection(admin).qbe.settings
     table = settings.queue_table
-    await admin.execute(
-        f"TRUNCATE {table}, {settings.queue_table_log}, {settings.statistics_table}"
-    )
+    await admin.execute(f"TRUNCATE {table}, {settings.queue_table_log}, {settings.statistics_table}")
     filler = Queries.from_asyncpg_connection(admin)
     for start in range(0, n, FILL_CHUNK):
         size = min(FILL_CHUNK, n - start)
         await filler.enqueue(
-            [QUEUE] * size, [f'{{"n": {i}}}'.encode() for i in range(start, start + size)],
+            [QUEUE] * size,
+            [f'{{"n": {i}}}'.encode() for i in range(start, start + size)],
             [0] * size,
         )
     await admin.execute(f"VACUUM ANALYZE {table}, {settings.queue_table_log}")
@@ -578,6 +588,7 @@ async def run_pgqueuer(dsn: str, admin: asyncpg.Connection, n: int, workers: int
     async with connections(dsn, workers, codec=False) as conns:
         managers = [QueueManager(Queries.from_asyncpg_connection(c)) for c in conns]
         for qm in managers:
+
             @qm.entrypoint(QUEUE)
             async def noop(job) -> None:
                 nonlocal ran
@@ -593,10 +604,13 @@ async def run_pgqueuer(dsn: str, admin: asyncpg.Connection, n: int, workers: int
             await admin.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
             tasks = [asyncio.create_task(qm.run(batch_size=BATCH_CLAIM)) for qm in managers]
             deadline = time.monotonic() + 30
-            while await admin.fetchval(
-                "SELECT count(DISTINCT pid) FROM pg_locks WHERE NOT granted AND pid = ANY($1)",
-                pids,
-            ) < workers:
+            while (
+                await admin.fetchval(
+                    "SELECT count(DISTINCT pid) FROM pg_locks WHERE NOT granted AND pid = ANY($1)",
+                    pids,
+                )
+                < workers
+            ):
                 if time.monotonic() > deadline or any(t.done() for t in tasks):
                     raise RuntimeError("PgQueuer workers did not reach their first dequeue")
                 await asyncio.sleep(0.005)
@@ -631,40 +645,54 @@ async def family_enqueue(server: Server, args, results: Results) -> None:
     total = max(args.todos, args.batched_todos)
     raw = [(i, f"key-{i:08d}") for i in range(total)]
     items = [
-        NewTodo(queue=QUEUE, title=f"todo {i}", kind="bench", source="bench",
-                payload={"n": i}, idempotency_key=key)
+        NewTodo(
+            queue=QUEUE,
+            title=f"todo {i}",
+            kind="bench",
+            source="bench",
+            payload={"n": i},
+            idempotency_key=key,
+        )
         for i, key in raw
     ]
-    one_raw, one_items = raw[:args.todos], items[:args.todos]
-    many_raw, many_items = raw[:args.batched_todos], items[:args.batched_todos]
+    one_raw, one_items = raw[: args.todos], items[: args.todos]
+    many_raw, many_items = raw[: args.batched_todos], items[: args.batched_todos]
 
     def split(seq: list) -> list[list]:
         return [seq[p::PRODUCERS] for p in range(PRODUCERS)]
 
     def chunks(seq: list) -> list[list]:
-        return [seq[i:i + ENQUEUE_BATCH] for i in range(0, len(seq), ENQUEUE_BATCH)]
+        return [seq[i : i + ENQUEUE_BATCH] for i in range(0, len(seq), ENQUEUE_BATCH)]
 
     async def base_one():
         async with connections(dsn, PRODUCERS, codec=False) as conns:
-            return await timed([baseline_enqueue_one(c, part)
-                                for c, part in zip(conns, split(one_raw), strict=True)])
+            return await timed(
+                [baseline_enqueue_one(c, part) for c, part in zip(conns, split(one_raw), strict=True)]
+            )
 
     async def store_one():
         async with stores(dsn, PRODUCERS, pool=args.pool) as ss:
-            return await timed([store_enqueue_one(s, part)
-                                for s, part in zip(ss, split(one_items), strict=True)])
+            return await timed(
+                [store_enqueue_one(s, part) for s, part in zip(ss, split(one_items), strict=True)]
+            )
 
     async def base_many():
         async with connections(dsn, PRODUCERS, codec=False) as conns:
-            return await timed([baseline_enqueue_batches(c, part)
-                                for c, part in zip(conns, split(chunks(many_raw)),
-                                                   strict=True)])
+            return await timed(
+                [
+                    baseline_enqueue_batches(c, part)
+                    for c, part in zip(conns, split(chunks(many_raw)), strict=True)
+                ]
+            )
 
     async def store_many():
         async with stores(dsn, PRODUCERS, pool=args.pool) as ss:
-            return await timed([store_enqueue_batches(s, part)
-                                for s, part in zip(ss, split(chunks(many_items)),
-                                                   strict=True)])
+            return await timed(
+                [
+                    store_enqueue_batches(s, part)
+                    for s, part in zip(ss, split(chunks(many_items)), strict=True)
+                ]
+            )
 
     async def store_many_untriggered():
         await admin.execute("ALTER TABLE todos DISABLE TRIGGER todos_notify_insert")
@@ -676,14 +704,26 @@ async def family_enqueue(server: Server, args, results: Results) -> None:
             await admin.execute("ALTER TABLE todos ENABLE TRIGGER todos_notify_update")
 
     groups = [
-        [("enq1_base", "baseline SQL loop: create_todos with 1 item, 4 producers", base_one),
-         ("enq1_store", "Store.create, 4 producers", store_one)],
-        [("enqN_base", f"baseline SQL loop: create_todos with {ENQUEUE_BATCH} items, "
-                       "4 producers", base_many),
-         ("enqN_store", f"Store.create_many({ENQUEUE_BATCH}), 4 producers", store_many)],
-        [("trig_on", f"Store.create_many({ENQUEUE_BATCH}), NOTIFY triggers on", store_many),
-         ("trig_off", f"Store.create_many({ENQUEUE_BATCH}), NOTIFY triggers disabled",
-          store_many_untriggered)],
+        [
+            ("enq1_base", "baseline SQL loop: create_todos with 1 item, 4 producers", base_one),
+            ("enq1_store", "Store.create, 4 producers", store_one),
+        ],
+        [
+            (
+                "enqN_base",
+                f"baseline SQL loop: create_todos with {ENQUEUE_BATCH} items, 4 producers",
+                base_many,
+            ),
+            ("enqN_store", f"Store.create_many({ENQUEUE_BATCH}), 4 producers", store_many),
+        ],
+        [
+            ("trig_on", f"Store.create_many({ENQUEUE_BATCH}), NOTIFY triggers on", store_many),
+            (
+                "trig_off",
+                f"Store.create_many({ENQUEUE_BATCH}), NOTIFY triggers disabled",
+                store_many_untriggered,
+            ),
+        ],
     ]
     try:
         await commit_probe(admin, results)
@@ -700,8 +740,7 @@ async def family_enqueue(server: Server, args, results: Results) -> None:
                     await expect_states(admin, {"pending": n, "done": SEED_DONE}, label)
                     results.add(key, label, rate_line(label, n, seconds))
         enabled = await admin.fetch(
-            "SELECT tgname, tgenabled FROM pg_trigger WHERE tgrelid = 'todos'::regclass "
-            "AND NOT tgisinternal"
+            "SELECT tgname, tgenabled FROM pg_trigger WHERE tgrelid = 'todos'::regclass AND NOT tgisinternal"
         )
         if any(r["tgenabled"] == "D" for r in enabled):
             raise RuntimeError("a NOTIFY trigger was left disabled")
@@ -755,15 +794,17 @@ def render(results: Results, header: list[str]) -> str:
         if isinstance(r, str):
             table.append((r,))
             continue
-        table.append((
-            r.series.label,
-            f"{r.series.median:,.0f}",
-            f"±{r.series.spread * 50:.0f}%" if len(r.series.rates) > 1 else "",
-            "" if r.ratio is None else f"{r.ratio:.2f}×",
-            "" if r.versus is None else names.get(r.versus.key, r.versus.key),
-            r.target_text,
-            r.verdict,
-        ))
+        table.append(
+            (
+                r.series.label,
+                f"{r.series.median:,.0f}",
+                f"±{r.series.spread * 50:.0f}%" if len(r.series.rates) > 1 else "",
+                "" if r.ratio is None else f"{r.ratio:.2f}×",
+                "" if r.versus is None else names.get(r.versus.key, r.versus.key),
+                r.target_text,
+                r.verdict,
+            )
+        )
     full = [t for t in table if len(t) > 1]
     widths = [max(len(t[i]) for t in full) for i in range(len(full[0]))]
     right = {1, 2, 3}
@@ -773,8 +814,9 @@ def render(results: Results, header: list[str]) -> str:
             lines.append("")
             lines.append(t[0])
             continue
-        cells = [c.rjust(w) if i in right else c.ljust(w)
-                 for i, (c, w) in enumerate(zip(t, widths, strict=True))]
+        cells = [
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(t, widths, strict=True))
+        ]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
 
@@ -789,10 +831,17 @@ def probe_range(values: list[float]) -> str:
 def short_name(key: str) -> str:
     base, _, workers = key.partition("@")
     names = {
-        "base": "baseline", "store": "claim_next+complete", "cacn": "complete_and_claim",
-        "pgq": "PgQueuer", "batch": "claim_batch", "enq1_base": "baseline 1/call",
-        "enq1_store": "Store.create", "enqN_base": "baseline 100/call",
-        "enqN_store": "create_many", "trig_on": "triggers on", "trig_off": "triggers off",
+        "base": "baseline",
+        "store": "claim_next+complete",
+        "cacn": "complete_and_claim",
+        "pgq": "PgQueuer",
+        "batch": "claim_batch",
+        "enq1_base": "baseline 1/call",
+        "enq1_store": "Store.create",
+        "enqN_base": "baseline 100/call",
+        "enqN_store": "create_many",
+        "trig_on": "triggers on",
+        "trig_off": "triggers off",
     }
     name = names.get(base, base)
     return f"{name} @{workers}" if workers else name
@@ -836,15 +885,25 @@ async def run_all(server: Server, args) -> tuple[str, dict, bool]:
         "before and after each family)",
     ]
     dump = {
-        "settings": settings, "server": server.description, "todos": args.todos,
-        "batched_todos": args.batched_todos, "runs": args.runs,
+        "settings": settings,
+        "server": server.description,
+        "todos": args.todos,
+        "batched_todos": args.batched_todos,
+        "runs": args.runs,
         "commit_ms": results.commit_ms,
-        "series": {k: {"label": v.label, "rates": v.rates, "median": v.median}
-                   for k, v in results.series.items()},
+        "series": {
+            k: {"label": v.label, "rates": v.rates, "median": v.median} for k, v in results.series.items()
+        },
         "rows": [
-            {"key": r.series.key, "versus": r.versus.key if r.versus else None,
-             "ratio": r.ratio, "target": r.target, "result": r.verdict}
-            for r in results.rows if isinstance(r, Row)
+            {
+                "key": r.series.key,
+                "versus": r.versus.key if r.versus else None,
+                "ratio": r.ratio,
+                "target": r.target,
+                "result": r.verdict,
+            }
+            for r in results.rows
+            if isinstance(r, Row)
         ],
     }
     missed = any(isinstance(r, Row) and r.verdict == "MISS" for r in results.rows)
@@ -855,16 +914,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, help="repetitions of every measurement (3)")
     parser.add_argument("--todos", type=int, help="todos per measurement (5000)")
-    parser.add_argument("--batched-todos", type=int, metavar="N",
-                        help="todos per measurement in the batched scenarios (claim_batch "
-                             "vs PgQueuer, batched enqueue); default 10 x --todos, since "
-                             "5,000 todos in batches take well under a second")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 400 todos, 1 run (unless given otherwise)")
-    parser.add_argument("--only", action="append", choices=list(FAMILIES),
-                        help="run only this scenario family (repeatable)")
-    parser.add_argument("--pool", action="store_true",
-                        help="Store on one shared pool instead of one connection per worker")
+    parser.add_argument(
+        "--batched-todos",
+        type=int,
+        metavar="N",
+        help="todos per measurement in the batched scenarios (claim_batch "
+        "vs PgQueuer, batched enqueue); default 10 x --todos, since "
+        "5,000 todos in batches take well under a second",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: 400 todos, 1 run (unless given otherwise)"
+    )
+    parser.add_argument(
+        "--only", action="append", choices=list(FAMILIES), help="run only this scenario family (repeatable)"
+    )
+    parser.add_argument(
+        "--pool", action="store_true", help="Store on one shared pool instead of one connection per worker"
+    )
     parser.add_argument("--uvloop", action="store_true", help="run on uvloop")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
@@ -873,8 +939,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.todos = args.todos or (400 if args.quick else 5000)
     args.batched_todos = args.batched_todos or 10 * args.todos
     if args.runs < 1 or min(args.todos, args.batched_todos) < ENQUEUE_BATCH:
-        parser.error(f"--runs must be at least 1, and --todos and --batched-todos at least "
-                     f"{ENQUEUE_BATCH}")
+        parser.error(f"--runs must be at least 1, and --todos and --batched-todos at least {ENQUEUE_BATCH}")
     return args
 
 
