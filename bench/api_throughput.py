@@ -43,14 +43,14 @@ import signal
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncpg
 import httpx
-import psutil
-from harness import AppProcess, Server, log, pct, run_on_server, server_settings
+from harness import AppProcess, Server, log, run_on_server, server_settings
+from stats import CPU, CPUMeter, Series, pct, rotated, table, timed
 
 from dashboard import db as dbmod
 from dashboard.accounts import Accounts
@@ -76,45 +76,6 @@ SETTINGS = (
     "shared_buffers",
     "max_connections",
 )
-
-
-@dataclass
-class CPU:
-    """CPU seconds used during a measurement by the app and this process; the rest of the
-    machine's busy time (PostgreSQL and anything else running) in cores."""
-
-    app: float
-    bench: float
-    rest: float  # cores
-    wall: float
-
-    def per_todo(self, n: int) -> tuple[float, float]:
-        """ms of CPU per todo: (app, bench)."""
-        return self.app * 1000 / n, self.bench * 1000 / n
-
-
-class CPUMeter:
-    def __init__(self, app: AppProcess) -> None:
-        self.app = app
-
-    def __enter__(self) -> CPUMeter:
-        self.wall = time.perf_counter()
-        self.app0 = self.app.cpu_seconds()
-        self.bench0 = time.process_time()
-        self.busy0 = self._busy()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        wall = time.perf_counter() - self.wall
-        app = self.app.cpu_seconds() - self.app0
-        bench = time.process_time() - self.bench0
-        busy = self._busy() - self.busy0
-        self.result = CPU(app, bench, max(0.0, busy - app - bench) / wall, wall)
-
-    @staticmethod
-    def _busy() -> float:
-        t = psutil.cpu_times()
-        return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
 # -- filling the queue -------------------------------------------------------------------
@@ -220,33 +181,14 @@ async def agents(base: str, token: str, n: int):
             await client.aclose()
 
 
-async def timed(jobs: list[Awaitable[int]]) -> tuple[float, int]:
-    """Run the jobs concurrently; seconds taken and the sum of what they return."""
-    start = time.perf_counter()
-    async with asyncio.TaskGroup() as group:
-        tasks = [group.create_task(job) for job in jobs]
-    return time.perf_counter() - start, sum(t.result() for t in tasks)
-
-
 # -- results -----------------------------------------------------------------------------
 
 
 @dataclass
-class Series:
-    key: str
-    label: str
-    rates: list[float] = field(default_factory=list)
+class CPUSeries(Series):
+    """A Series with the CPU use of each repetition."""
+
     cpus: list[tuple[float, float, float]] = field(default_factory=list)  # app ms, bench ms, rest
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.rates)
-
-    @property
-    def spread(self) -> float:
-        if len(self.rates) < 2:
-            return 0.0
-        return (max(self.rates) - min(self.rates)) / self.median
 
     def cpu(self) -> str:
         app, bench, rest = (statistics.median(c[i] for c in self.cpus) for i in range(3))
@@ -255,18 +197,13 @@ class Series:
 
 class Results:
     def __init__(self) -> None:
-        self.series: dict[str, Series] = {}
+        self.series: dict[str, CPUSeries] = {}
         self.latency: dict[str, list[float]] = {}
 
     def add(self, key: str, label: str, rate: float, cpu: tuple[float, float, float]) -> None:
-        s = self.series.setdefault(key, Series(key, label))
+        s = self.series.setdefault(key, CPUSeries(key, label))
         s.rates.append(rate)
         s.cpus.append(cpu)
-
-
-def rotated(variants: list, rep: int) -> list:
-    k = rep % len(variants)
-    return variants[k:] + variants[:k]
 
 
 # -- the measurements ------------------------------------------------------------------------
@@ -385,21 +322,6 @@ async def wake_up(app: AppProcess, token: str, store: Store, n: int) -> list[flo
 # -- the report --------------------------------------------------------------------------------
 
 
-def table(rows: list[tuple], right: set[int]) -> list[str]:
-    full = [r for r in rows if len(r) > 1]
-    widths = [max(len(r[i]) for r in full) for i in range(len(full[0]))]
-    out = []
-    for r in rows:
-        if len(r) == 1:
-            out.extend(["", r[0]])
-            continue
-        cells = [
-            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        ]
-        out.append("  ".join(cells).rstrip())
-    return out
-
-
 def render(results: Results, header: list[str]) -> str:
     s = results.series
     rows: list[tuple] = [
@@ -415,8 +337,7 @@ def render(results: Results, header: list[str]) -> str:
         rows.append(
             (
                 series.label,
-                f"{series.median:,.0f}",
-                f"±{series.spread * 50:.0f}%" if len(series.rates) > 1 else "",
+                *series.rate_cells(),
                 "" if ratio is None else f"{ratio:.2f}×",
                 "" if versus is None else ("direct" if versus.startswith("direct") else versus),
                 "" if target is None else f"≥ {target:.2f}×",

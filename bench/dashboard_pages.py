@@ -49,13 +49,13 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
 import asyncpg
 import httpx
-import psutil
-from harness import AppProcess, Server, log, pct, run_on_server, server_settings
+from harness import AppProcess, Server, log, run_on_server, server_settings
+from stats import CPUMeter, pct, table
 
 from dashboard import db as dbmod
 from dashboard.accounts import Accounts
@@ -102,35 +102,6 @@ NOUNS = (
 
 
 SETTINGS = ("fsync", "synchronous_commit", "shared_buffers", "work_mem", "jit", "max_connections")
-
-
-class CPUMeter:
-    """Cores used while inside: the app, this process, and the rest of the machine."""
-
-    def __init__(self, app: AppProcess) -> None:
-        self.app = app
-
-    def __enter__(self) -> CPUMeter:
-        self.wall = time.perf_counter()
-        self.app0 = self.app.cpu_seconds()
-        self.bench0 = time.process_time()
-        self.busy0 = self._busy()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        wall = time.perf_counter() - self.wall
-        app = self.app.cpu_seconds() - self.app0
-        bench = time.process_time() - self.bench0
-        busy = self._busy() - self.busy0
-        self.text = (
-            f"app {app / wall:.2f}, bench {bench / wall:.2f}, rest of the machine "
-            f"(PostgreSQL and anything else) {max(0.0, busy - app - bench) / wall:.2f}"
-        )
-
-    @staticmethod
-    def _busy() -> float:
-        t = psutil.cpu_times()
-        return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
 # -- filling the database ------------------------------------------------------------------
@@ -742,24 +713,11 @@ def ms(v: float) -> str:
 
 
 def render(sections: list[tuple[str, list[Line]]], header: list[str]) -> str:
-    head = Line("measurement", "median", "p95", "n", "body", "SQL median", "target", "result")
-    rows = [head] + [line for _, lines in sections for line in lines]
-    cols = ("label", "p50", "p95", "n", "size", "sql", "target", "verdict")
-    widths = {c: max(len(getattr(r, c)) for r in rows) for c in cols}
-    right = {"p50", "p95", "n", "size", "sql"}
-
-    def fmt(r: Line) -> str:
-        cells = [
-            getattr(r, c).rjust(widths[c]) if c in right else getattr(r, c).ljust(widths[c]) for c in cols
-        ]
-        return "  ".join(cells).rstrip()
-
-    lines = [*header, "", fmt(head)]
+    rows = [astuple(Line("measurement", "median", "p95", "n", "body", "SQL median", "target", "result"))]
     for title, section in sections:
-        lines.append("")
-        lines.append(title)
-        lines.extend(fmt(r) for r in section)
-    return "\n".join(lines)
+        rows.append((title,))
+        rows.extend(astuple(line) for line in section)
+    return "\n".join([*header, "", *table(rows, right={1, 2, 3, 4, 5})])
 
 
 def verdict(ok: bool) -> str:
@@ -950,7 +908,7 @@ async def run_all(server: Server, args, tmp: Path) -> int:
         + ", ".join(f"{states.get(s, 0):,} {s}" for s in order if s in states)
         + f" after the fill; {facts['done_hour']:,} done in the last hour), "
         f"{facts['history']:,} history rows, todos {facts['size']}; filled in {fill_seconds:.0f} s",
-        f"cores used during the page rounds: {meter.text}",
+        f"cores used during the page rounds: {meter.result.cores()}",
         "the app's reaper runs as in production: the lapsed leases are re-surfaced at start-up",
         f"pages measured on {QUEUE}; SQL = the same reads directly on a pool (with the operator "
         f"lookup); {time.perf_counter() - started:.0f} s in all",

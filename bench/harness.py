@@ -1,5 +1,5 @@
 """What the benchmarks that run the app share: the server and its scratch databases,
-the app as a subprocess stopped by its pid, and small helpers."""
+and the app as a subprocess stopped by its pid."""
 
 from __future__ import annotations
 
@@ -29,17 +29,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def pct(values: list[float], q: float) -> float:
-    """The q-th percentile (0-100), linear interpolation between closest ranks."""
-    data = sorted(values)
-    if not data:
-        return float("nan")
-    k = (len(data) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(data) - 1)
-    return data[lo] + (data[hi] - data[lo]) * (k - lo)
 
 
 # -- the server and its database ---------------------------------------------------------

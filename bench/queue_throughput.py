@@ -35,13 +35,14 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+from stats import Series, rotated, table, timed
 
 from dashboard import db as dbmod
 from dashboard.migrate import apply_migrations
@@ -76,26 +77,6 @@ def log(msg: str) -> None:
 
 
 # -- results -----------------------------------------------------------------------------
-
-
-@dataclass
-class Series:
-    """One variant's throughput over the repetitions."""
-
-    key: str
-    label: str
-    rates: list[float] = field(default_factory=list)
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.rates)
-
-    @property
-    def spread(self) -> float:
-        """(max - min) / median, as a fraction."""
-        if len(self.rates) < 2:
-            return 0.0
-        return (max(self.rates) - min(self.rates)) / self.median
 
 
 @dataclass
@@ -355,15 +336,6 @@ async def stores(dsn: str, n: int, *, pool: bool):
             yield [Store(c) for c in conns]
 
 
-async def timed(jobs: list[Awaitable[int]]) -> tuple[float, int]:
-    """Run the jobs concurrently; seconds taken and the sum of what they return."""
-    start = time.perf_counter()
-    async with asyncio.TaskGroup() as group:
-        tasks = [group.create_task(job) for job in jobs]
-    elapsed = time.perf_counter() - start
-    return elapsed, sum(t.result() for t in tasks)
-
-
 # -- workers: the bare SQL loop ----------------------------------------------------------
 
 
@@ -442,12 +414,6 @@ async def store_enqueue_batches(store: Store, batches: list[list[NewTodo]]) -> i
 
 
 # -- scenario families -------------------------------------------------------------------
-
-
-def rotated(variants: list, rep: int) -> list:
-    """The variants in a different order each repetition."""
-    k = rep % len(variants)
-    return variants[k:] + variants[:k]
 
 
 def rate_line(label: str, n: int, seconds: float) -> float:
@@ -785,40 +751,26 @@ def build_rows(results: Results) -> None:
 
 
 def render(results: Results, header: list[str]) -> str:
-    table = [("scenario", "todos/s", "spread", "ratio", "vs", "target", "result")]
+    rows: list[tuple[str, ...]] = [("scenario", "todos/s", "spread", "ratio", "vs", "target", "result")]
     names = {}
     for r in results.rows:
         if isinstance(r, Row):
             names[r.series.key] = short_name(r.series.key)
     for r in results.rows:
         if isinstance(r, str):
-            table.append((r,))
+            rows.append((r,))
             continue
-        table.append(
+        rows.append(
             (
                 r.series.label,
-                f"{r.series.median:,.0f}",
-                f"±{r.series.spread * 50:.0f}%" if len(r.series.rates) > 1 else "",
+                *r.series.rate_cells(),
                 "" if r.ratio is None else f"{r.ratio:.2f}×",
                 "" if r.versus is None else names.get(r.versus.key, r.versus.key),
                 r.target_text,
                 r.verdict,
             )
         )
-    full = [t for t in table if len(t) > 1]
-    widths = [max(len(t[i]) for t in full) for i in range(len(full[0]))]
-    right = {1, 2, 3}
-    lines = [*header, ""]
-    for t in table:
-        if len(t) == 1:
-            lines.append("")
-            lines.append(t[0])
-            continue
-        cells = [
-            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(t, widths, strict=True))
-        ]
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines)
+    return "\n".join([*header, "", *table(rows, {1, 2, 3})])
 
 
 def probe_range(values: list[float]) -> str:
