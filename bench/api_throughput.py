@@ -39,7 +39,6 @@ import asyncio
 import contextlib
 import os
 import platform
-import signal
 import statistics
 import sys
 import time
@@ -49,7 +48,7 @@ from pathlib import Path
 
 import asyncpg
 import httpx
-from harness import AppProcess, Server, log, run_on_server, server_settings
+from harness import SHOWN_SETTINGS, AppProcess, Server, log, run_on_server, server_settings, settings_line
 from stats import CPU, CPUMeter, Series, pct, rotated, table, timed
 
 from dashboard import db as dbmod
@@ -66,16 +65,6 @@ WAKE_DELAY = 0.3  # s between sending the long-poll claim and the enqueue
 HTTP_RATIO_TARGET = 0.5  # HTTP ≥ 0.5× direct at 16 agents
 CLAIM_P99_TARGET_MS = 50.0
 WAKE_P95_TARGET_MS = 25.0
-
-
-SETTINGS = (
-    "fsync",
-    "synchronous_commit",
-    "full_page_writes",
-    "wal_sync_method",
-    "shared_buffers",
-    "max_connections",
-)
 
 
 # -- filling the queue -------------------------------------------------------------------
@@ -425,14 +414,12 @@ def render(results: Results, header: list[str]) -> str:
 
 
 async def run_all(server: Server, args, tmp: Path) -> int:
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
     started = time.perf_counter()
     load_before = os.getloadavg()
     results = Results()
     app: AppProcess | None = None
     try:
-        settings = await server_settings(server.dsn, SETTINGS)
+        settings = await server_settings(server.dsn)
         dsn = await server.new_database("api")
         admin = await asyncpg.connect(dsn)
         fill_conn = await dbmod.connect(dsn)
@@ -470,8 +457,7 @@ async def run_all(server: Server, args, tmp: Path) -> int:
     cpus = os.cpu_count()
     header = [
         f"switchboard agent API throughput — PostgreSQL {settings['version']} ({server.description})",
-        "fsync={fsync}  synchronous_commit={synchronous_commit}  full_page_writes={full_page_writes}  "
-        "wal_sync_method={wal_sync_method}  shared_buffers={shared_buffers}".format(**settings),
+        settings_line(settings, SHOWN_SETTINGS),
         f"{cpus} CPUs shared by the load generator (this process: httpx clients or Store workers), "
         f"the app process (uvicorn, 1 worker, {app_conns} database connections at start) and "
         "PostgreSQL — the HTTP rows pay for the client too",
@@ -504,10 +490,5 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    return run_on_server("sb-bench-api-", lambda server, tmp: run_all(server, args, tmp))
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_on_server("sb-bench-api-", run_all, parse_args(None)))

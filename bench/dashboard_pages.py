@@ -44,7 +44,6 @@ import asyncio
 import contextlib
 import os
 import platform
-import signal
 import statistics
 import sys
 import time
@@ -54,7 +53,7 @@ from pathlib import Path
 
 import asyncpg
 import httpx
-from harness import AppProcess, Server, log, run_on_server, server_settings
+from harness import AppProcess, Server, log, run_on_server, server_settings, settings_line
 from stats import CPUMeter, pct, table
 
 from dashboard import db as dbmod
@@ -101,7 +100,8 @@ NOUNS = (
 )
 
 
-SETTINGS = ("fsync", "synchronous_commit", "shared_buffers", "work_mem", "jit", "max_connections")
+SHOWN_SETTINGS = ("fsync", "synchronous_commit", "shared_buffers", "work_mem", "jit")
+SETTINGS = (*SHOWN_SETTINGS, "max_connections")
 
 
 # -- filling the database ------------------------------------------------------------------
@@ -728,8 +728,6 @@ def verdict(ok: bool) -> str:
 
 
 async def run_all(server: Server, args, tmp: Path) -> int:
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
     started = time.perf_counter()
     load_before = os.getloadavg()
     settings = await server_settings(server.dsn, SETTINGS)
@@ -899,8 +897,7 @@ async def run_all(server: Server, args, tmp: Path) -> int:
     order = ("done", "ready", "retrying", "claimed", "lapsed", "failed")
     header = [
         f"switchboard dashboard pages — PostgreSQL {settings['version']} ({server.description})",
-        "fsync={fsync}  synchronous_commit={synchronous_commit}  shared_buffers={shared_buffers}  "
-        "work_mem={work_mem}  jit={jit}".format(**settings),
+        settings_line(settings, SHOWN_SETTINGS),
         f"{os.cpu_count()} CPUs shared by the bench (load generator), the app process and "
         f"PostgreSQL; load average {load_before[0]:.1f} at start, {os.getloadavg()[0]:.1f} at end; "
         f"Python {platform.python_version()}, httpx {httpx.__version__}",
@@ -972,10 +969,5 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    return run_on_server("sb-bench-pages-", lambda server, tmp: run_all(server, args, tmp))
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_on_server("sb-bench-pages-", run_all, parse_args(None)))

@@ -28,24 +28,28 @@ import json
 import logging
 import os
 import platform
-import shutil
-import signal
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+from harness import (
+    SHOWN_SETTINGS,
+    Server,
+    check_durable,
+    log,
+    run_on_server,
+    server_settings,
+    settings_line,
+)
 from stats import Series, rotated, table, timed
 
 from dashboard import db as dbmod
-from dashboard.migrate import apply_migrations
 from dashboard.models import NewTodo
 from dashboard.queries import TRANSITIONS as SQL
 from dashboard.store import Store
@@ -70,10 +74,6 @@ CREATE = SQL["create_todos"]
 # complete_and_claim is the token scope, None for a worker without one); a change in
 # their parameter count stops the run instead of timing a wrong call.
 PARAMETERS = {"complete_and_claim": 8, "create_todos": 12}
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 # -- results -----------------------------------------------------------------------------
@@ -114,87 +114,6 @@ class Results:
 
 
 # -- the server and its databases --------------------------------------------------------
-
-
-def with_database(dsn: str, name: str) -> str:
-    """The same server URL, pointing at database `name`."""
-    parts = urlsplit(dsn)
-    return urlunsplit(parts._replace(path="/" + name))
-
-
-class Server:
-    """The server under test; creates one fresh database per scenario family."""
-
-    def __init__(self, dsn: str, description: str) -> None:
-        self.dsn = dsn
-        self.description = description
-        self.databases: list[str] = []
-
-    async def new_database(self, family: str) -> str:
-        name = f"sb_bench_{family}_{os.getpid()}"
-        conn = await asyncpg.connect(self.dsn)
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            await conn.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            await conn.close()
-        self.databases.append(name)
-        return with_database(self.dsn, name)
-
-    async def new_switchboard_database(self, family: str) -> str:
-        dsn = await self.new_database(family)
-        conn = await asyncpg.connect(dsn)
-        try:
-            await apply_migrations(conn)
-            await check_durable(conn)
-            await check_parameters(conn)
-        finally:
-            await conn.close()
-        return dsn
-
-    async def drop_all(self) -> None:
-        if not self.databases:
-            return
-        conn = await asyncpg.connect(self.dsn)
-        try:
-            while self.databases:
-                name = self.databases.pop()
-                await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await conn.close()
-
-
-SETTINGS = (
-    "fsync",
-    "synchronous_commit",
-    "full_page_writes",
-    "wal_sync_method",
-    "shared_buffers",
-    "max_connections",
-)
-
-
-async def server_settings(dsn: str) -> dict[str, str]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        found = {"version": await conn.fetchval("SHOW server_version")}
-        for name in SETTINGS:
-            found[name] = await conn.fetchval(f"SHOW {name}")
-        await check_durable(conn)
-        return found
-    finally:
-        await conn.close()
-
-
-async def check_durable(conn: asyncpg.Connection) -> None:
-    """Refuse to measure with commits that are not flushed to disk."""
-    fsync = await conn.fetchval("SHOW fsync")
-    sync = await conn.fetchval("SHOW synchronous_commit")
-    if fsync != "on" or sync == "off":
-        raise SystemExit(
-            f"refusing to benchmark a non-durable server: fsync={fsync}, "
-            f"synchronous_commit={sync} (both must stay at their default, on)"
-        )
 
 
 async def check_parameters(conn: asyncpg.Connection) -> None:
@@ -424,7 +343,7 @@ def rate_line(label: str, n: int, seconds: float) -> float:
 
 async def family_claim(server: Server, args, results: Results) -> None:
     """claim+complete of pre-enqueued todos: baseline, Store, complete_and_claim_next."""
-    dsn = await server.new_switchboard_database("claim")
+    dsn = await server.new_database("claim", check=check_parameters)
     n = args.todos
     admin = await asyncpg.connect(dsn)
 
@@ -471,8 +390,8 @@ async def family_batch(server: Server, args, results: Results) -> None:
     logging.getLogger("pgqueuer").setLevel(logging.WARNING)
     workers = 4
     n = args.batched_todos
-    dsn = await server.new_switchboard_database("batch")
-    pgq_dsn = await server.new_database("pgqueuer")
+    dsn = await server.new_database("batch", check=check_parameters)
+    pgq_dsn = await server.new_empty_database("pgqueuer")
     admin = await asyncpg.connect(dsn)
     pgq_admin = await asyncpg.connect(pgq_dsn)
     try:
@@ -606,7 +525,7 @@ async def run_pgqueuer(dsn: str, admin: asyncpg.Connection, n: int, workers: int
 
 async def family_enqueue(server: Server, args, results: Results) -> None:
     """Enqueue one at a time and in batches of 100 (4 producers); NOTIFY trigger cost."""
-    dsn = await server.new_switchboard_database("enqueue")
+    dsn = await server.new_database("enqueue", check=check_parameters)
     admin = await asyncpg.connect(dsn)
     total = max(args.todos, args.batched_todos)
     raw = [(i, f"key-{i:08d}") for i in range(total)]
@@ -805,10 +724,7 @@ def short_name(key: str) -> str:
 FAMILIES = {"claim": family_claim, "batch": family_batch, "enqueue": family_enqueue}
 
 
-async def run_all(server: Server, args) -> tuple[str, dict, bool]:
-    loop = asyncio.get_running_loop()
-    main_task = asyncio.current_task()
-    loop.add_signal_handler(signal.SIGTERM, main_task.cancel)
+async def run_all(server: Server, args, _tmp: Path) -> int:
     results = Results()
     started = time.perf_counter()
     load_before = os.getloadavg()
@@ -821,9 +737,7 @@ async def run_all(server: Server, args) -> tuple[str, dict, bool]:
     build_rows(results)
     header = [
         f"switchboard queue throughput — PostgreSQL {settings['version']} ({server.description})",
-        "fsync={fsync}  synchronous_commit={synchronous_commit}  "
-        "full_page_writes={full_page_writes}  wal_sync_method={wal_sync_method}  "
-        "shared_buffers={shared_buffers}".format(**settings),
+        settings_line(settings, SHOWN_SETTINGS),
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, asyncpg "
         f"{asyncpg.__version__}, pgqueuer {pgqueuer_version()}, "
         f"{'uvloop' if args.uvloop else 'asyncio'} loop, "
@@ -858,8 +772,17 @@ async def run_all(server: Server, args) -> tuple[str, dict, bool]:
             if isinstance(r, Row)
         ],
     }
+    return report(results, header, dump, args)
+
+
+def report(results: Results, header: list[str], dump: dict, args) -> int:
+    """Print the table, write the JSON if asked; the exit status."""
+    print(render(results, header), flush=True)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(dump, indent=2))
     missed = any(isinstance(r, Row) and r.verdict == "MISS" for r in results.rows)
-    return render(results, header), dump, missed
+    return 1 if (missed and args.strict) else 0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -898,45 +821,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.getLogger("pgqueuer").setLevel(logging.WARNING)
-    url = os.environ.get("DATABASE_URL")
-    embedded, tmp = None, None
-    if url:
-        dbmod.check_url(url)
-        parts = urlsplit(url)
-        server = Server(url, f"DATABASE_URL {parts.hostname or 'socket'}:{parts.port or 5432}")
-    else:
-        tmp = Path(tempfile.mkdtemp(prefix="sb-bench-"))
-        log(f"starting the embedded server in {tmp}")
-        embedded = dbmod.start_embedded(tmp / "pgdata")
-        server = Server(embedded.get_uri(), "embedded, temporary data dir")
-    runner = asyncio.Runner(loop_factory=_loop_factory(args.uvloop))
-    try:
-        with runner:
-            try:
-                text, dump, missed = runner.run(run_all(server, args))
-            except (KeyboardInterrupt, asyncio.CancelledError) as exc:
-                log("interrupted: the benchmark databases were dropped")
-                return 130 if isinstance(exc, KeyboardInterrupt) else 143
-        print(text, flush=True)
-        if args.json:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(dump, indent=2))
-        return 1 if (missed and args.strict) else 0
-    finally:
-        dbmod.release_embedded(embedded)
-        if tmp is not None:
-            if (tmp / "pgdata" / "postmaster.pid").exists():
-                log(f"the embedded server in {tmp} did not stop; its data dir is left there")
-            else:
-                shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _loop_factory(use_uvloop: bool):
-    if not use_uvloop:
-        return None
-    import uvloop
-
-    return uvloop.new_event_loop
+    return run_on_server("sb-bench-", run_all, args, use_uvloop=args.uvloop)
 
 
 if __name__ == "__main__":
