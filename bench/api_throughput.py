@@ -47,8 +47,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncpg
+import harness
 import httpx
-from harness import SHOWN_SETTINGS, AppProcess, Server, log, run_on_server, server_settings, settings_line
+from harness import AppProcess, Server, log
 from stats import CPU, CPUMeter, Series, pct, rotated, table, timed
 
 from dashboard import db as dbmod
@@ -80,16 +81,7 @@ async def fill(admin: asyncpg.Connection, store: Store, n: int, queue: str = QUE
                 for i in range(start, min(n, start + FILL_CHUNK))
             ]
         )
-    await admin.execute("VACUUM ANALYZE todos, todo_history, events")
-    with contextlib.suppress(asyncpg.InsufficientPrivilegeError):
-        await admin.execute("CHECKPOINT")
-
-
-async def expect_done(admin: asyncpg.Connection, n: int, what: str) -> None:
-    rows = await admin.fetch("SELECT state::text, count(*) FROM todos GROUP BY state")
-    found = {r[0]: r[1] for r in rows}
-    if found != {"done": n}:
-        raise RuntimeError(f"{what}: expected {{'done': {n}}}, the table holds {found}")
+    await harness.settle(admin)
 
 
 # -- the loops -----------------------------------------------------------------------------
@@ -257,7 +249,7 @@ async def throughput(
             seconds, done, cpu = await run()
             if done != count:
                 raise RuntimeError(f"{label}: processed {done} of {count}")
-            await expect_done(admin, count, label)
+            await harness.expect_states(admin, {"done": count}, label)
             app.check_alive()
             rate = done / seconds
             app_ms, bench_ms = cpu.per_todo(done)
@@ -419,7 +411,7 @@ async def run_all(server: Server, args, tmp: Path) -> int:
     results = Results()
     app: AppProcess | None = None
     try:
-        settings = await server_settings(server.dsn)
+        settings = await harness.server_settings(server.dsn)
         dsn = await server.new_database("api")
         admin = await asyncpg.connect(dsn)
         fill_conn = await dbmod.connect(dsn)
@@ -457,7 +449,7 @@ async def run_all(server: Server, args, tmp: Path) -> int:
     cpus = os.cpu_count()
     header = [
         f"switchboard agent API throughput — PostgreSQL {settings['version']} ({server.description})",
-        settings_line(settings, SHOWN_SETTINGS),
+        harness.settings_line(settings, harness.SHOWN_SETTINGS),
         f"{cpus} CPUs shared by the load generator (this process: httpx clients or Store workers), "
         f"the app process (uvicorn, 1 worker, {app_conns} database connections at start) and "
         "PostgreSQL — the HTTP rows pay for the client too",
@@ -491,4 +483,4 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    sys.exit(run_on_server("sb-bench-api-", run_all, parse_args(None)))
+    sys.exit(harness.run_on_server("sb-bench-api-", run_all, parse_args(None)))

@@ -52,8 +52,9 @@ from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
 import asyncpg
+import harness
 import httpx
-from harness import AppProcess, Server, log, run_on_server, server_settings, settings_line
+from harness import AppProcess, Server, log
 from stats import CPUMeter, pct, table
 
 from dashboard import db as dbmod
@@ -298,9 +299,7 @@ async def fill(dsn: str, n: int) -> dict:
         await conn.execute("RESET session_replication_role")
         log(f"  history rows in {time.perf_counter() - started:.1f} s")
         started = time.perf_counter()
-        await conn.execute("VACUUM ANALYZE todos, todo_history, events")
-        with contextlib.suppress(asyncpg.InsufficientPrivilegeError):
-            await conn.execute("CHECKPOINT")
+        await harness.settle(conn)
         log(f"  VACUUM ANALYZE, CHECKPOINT in {time.perf_counter() - started:.1f} s")
         states = {
             r[0]: r[1]
@@ -730,7 +729,7 @@ def verdict(ok: bool) -> str:
 async def run_all(server: Server, args, tmp: Path) -> int:
     started = time.perf_counter()
     load_before = os.getloadavg()
-    settings = await server_settings(server.dsn, SETTINGS)
+    settings = await harness.server_settings(server.dsn, SETTINGS)
     app: AppProcess | None = None
     sections: list[tuple[str, list[Line]]] = []
     explained: list[str] = []
@@ -897,7 +896,7 @@ async def run_all(server: Server, args, tmp: Path) -> int:
     order = ("done", "ready", "retrying", "claimed", "lapsed", "failed")
     header = [
         f"switchboard dashboard pages — PostgreSQL {settings['version']} ({server.description})",
-        settings_line(settings, SHOWN_SETTINGS),
+        harness.settings_line(settings, SHOWN_SETTINGS),
         f"{os.cpu_count()} CPUs shared by the bench (load generator), the app process and "
         f"PostgreSQL; load average {load_before[0]:.1f} at start, {os.getloadavg()[0]:.1f} at end; "
         f"Python {platform.python_version()}, httpx {httpx.__version__}",
@@ -970,4 +969,4 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    sys.exit(run_on_server("sb-bench-pages-", run_all, parse_args(None)))
+    sys.exit(harness.run_on_server("sb-bench-pages-", run_all, parse_args(None)))

@@ -136,6 +136,34 @@ async def check_durable(conn: asyncpg.Connection) -> None:
         )
 
 
+# -- the tables between measurements -----------------------------------------------------
+
+
+async def checkpoint(conn: asyncpg.Connection) -> None:
+    """Start every measurement right after a checkpoint (same full-page-write state);
+    skipped without the privilege (superuser or pg_checkpoint)."""
+    with contextlib.suppress(asyncpg.InsufficientPrivilegeError):
+        await conn.execute("CHECKPOINT")
+
+
+async def settle(conn: asyncpg.Connection) -> None:
+    """VACUUM ANALYZE the app's tables, then checkpoint."""
+    await conn.execute("VACUUM ANALYZE todos, todo_history, events")
+    await checkpoint(conn)
+
+
+async def count_states(conn: asyncpg.Connection) -> dict[str, int]:
+    rows = await conn.fetch("SELECT state::text, count(*) FROM todos GROUP BY state")
+    return {r[0]: r[1] for r in rows}
+
+
+async def expect_states(conn: asyncpg.Connection, expected: dict[str, int], what: str) -> None:
+    """Stop the run when `todos` does not hold exactly `expected` todos per state."""
+    found = await count_states(conn)
+    if found != expected:
+        raise RuntimeError(f"{what}: expected {expected}, the table holds {found}")
+
+
 # -- the app in a subprocess ---------------------------------------------------------------
 
 

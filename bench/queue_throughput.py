@@ -38,15 +38,8 @@ from importlib import metadata
 from pathlib import Path
 
 import asyncpg
-from harness import (
-    SHOWN_SETTINGS,
-    Server,
-    check_durable,
-    log,
-    run_on_server,
-    server_settings,
-    settings_line,
-)
+import harness
+from harness import Server, log
 from stats import Series, rotated, table, timed
 
 from dashboard import db as dbmod
@@ -143,12 +136,6 @@ async def commit_probe(conn: asyncpg.Connection, results: Results, count: int = 
     results.commit_ms.append(statistics.median(times) * 1000)
 
 
-async def checkpoint(conn: asyncpg.Connection) -> None:
-    """Start every measurement right after a checkpoint (same full-page-write state)."""
-    with contextlib.suppress(asyncpg.InsufficientPrivilegeError):
-        await conn.execute("CHECKPOINT")
-
-
 # -- filling the queue -------------------------------------------------------------------
 
 
@@ -197,23 +184,7 @@ async def fill(admin: asyncpg.Connection, n: int) -> None:
         numbers = range(start, min(n, start + FILL_CHUNK))
         ids = [f"td_{uuid.uuid4()}" for _ in numbers]
         await admin.execute(CREATE, *raw_columns(ids, numbers, [None] * len(ids)), "bench")
-    await settle(admin)
-
-
-async def settle(admin: asyncpg.Connection) -> None:
-    await admin.execute("VACUUM ANALYZE todos, todo_history, events")
-    await checkpoint(admin)
-
-
-async def count_states(admin: asyncpg.Connection) -> dict[str, int]:
-    rows = await admin.fetch("SELECT state::text, count(*) FROM todos GROUP BY state")
-    return {r[0]: r[1] for r in rows}
-
-
-async def expect_states(admin: asyncpg.Connection, expected: dict[str, int], what: str) -> None:
-    found = await count_states(admin)
-    if found != expected:
-        raise RuntimeError(f"{what}: expected {expected}, the table holds {found}")
+    await harness.settle(admin)
 
 
 # -- connections and timing --------------------------------------------------------------
@@ -372,7 +343,7 @@ async def family_claim(server: Server, args, results: Results) -> None:
                     seconds, done = await run(workers)
                     if done != n:
                         raise RuntimeError(f"{label}: processed {done} of {n}")
-                    await expect_states(admin, {"done": n + SEED_DONE}, label)
+                    await harness.expect_states(admin, {"done": n + SEED_DONE}, label)
                     full = f"{label}, {workers} worker{'s' if workers > 1 else ''}"
                     results.add(f"{key}@{workers}", full, rate_line(full, n, seconds))
         await commit_probe(admin, results)
@@ -396,14 +367,14 @@ async def family_batch(server: Server, args, results: Results) -> None:
     pgq_admin = await asyncpg.connect(pgq_dsn)
     try:
         await install_pgqueuer(pgq_admin)
-        await check_durable(pgq_admin)
+        await harness.check_durable(pgq_admin)
         await commit_probe(admin, results)
 
         async def ours() -> tuple[float, int]:
             await fill(admin, n)
             async with stores(dsn, workers, pool=args.pool) as ss:
                 seconds, done = await timed([store_batches(s, f"w{i}") for i, s in enumerate(ss)])
-            await expect_states(admin, {"done": n + SEED_DONE}, "claim_batch + complete_many")
+            await harness.expect_states(admin, {"done": n + SEED_DONE}, "claim_batch + complete_many")
             return seconds, done
 
         async def theirs() -> tuple[float, int]:
@@ -465,7 +436,7 @@ async def run_pgqueuer(dsn: str, admin: asyncpg.Connection, n: int, workers: int
             [0] * size,
         )
     await admin.execute(f"VACUUM ANALYZE {table}, {settings.queue_table_log}")
-    await checkpoint(admin)
+    await harness.checkpoint(admin)
 
     ran = 0
     all_ran = asyncio.Event()
@@ -618,11 +589,11 @@ async def family_enqueue(server: Server, args, results: Results) -> None:
                 for key, label, run in rotated(group, rep):
                     n = args.todos if key.startswith("enq1") else args.batched_todos
                     await reset(admin)
-                    await settle(admin)
+                    await harness.settle(admin)
                     seconds, made = await run()
                     if made != n:
                         raise RuntimeError(f"{label}: enqueued {made} of {n}")
-                    await expect_states(admin, {"pending": n, "done": SEED_DONE}, label)
+                    await harness.expect_states(admin, {"pending": n, "done": SEED_DONE}, label)
                     results.add(key, label, rate_line(label, n, seconds))
         enabled = await admin.fetch(
             "SELECT tgname, tgenabled FROM pg_trigger WHERE tgrelid = 'todos'::regclass AND NOT tgisinternal"
@@ -729,7 +700,7 @@ async def run_all(server: Server, args, _tmp: Path) -> int:
     started = time.perf_counter()
     load_before = os.getloadavg()
     try:
-        settings = await server_settings(server.dsn)
+        settings = await harness.server_settings(server.dsn)
         for name in args.only or list(FAMILIES):
             await FAMILIES[name](server, args, results)
     finally:
@@ -737,7 +708,7 @@ async def run_all(server: Server, args, _tmp: Path) -> int:
     build_rows(results)
     header = [
         f"switchboard queue throughput — PostgreSQL {settings['version']} ({server.description})",
-        settings_line(settings, SHOWN_SETTINGS),
+        harness.settings_line(settings, harness.SHOWN_SETTINGS),
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, asyncpg "
         f"{asyncpg.__version__}, pgqueuer {pgqueuer_version()}, "
         f"{'uvloop' if args.uvloop else 'asyncio'} loop, "
@@ -821,7 +792,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.getLogger("pgqueuer").setLevel(logging.WARNING)
-    return run_on_server("sb-bench-", run_all, args, use_uvloop=args.uvloop)
+    return harness.run_on_server("sb-bench-", run_all, args, use_uvloop=args.uvloop)
 
 
 if __name__ == "__main__":
