@@ -17,6 +17,9 @@ truncated, seeded with finished todos, refilled (when the measurement consumes t
 vacuumed, analyzed and checkpointed, so every variant starts from the same state.
 Progress goes to stderr; the table goes to stdout. See bench/README.md for what each row
 measures.
+
+The server, its databases and the main loop are harness.py's; every use of dashboard's SQL
+text is in the "baseline statements" section below.
 """
 
 from __future__ import annotations
@@ -43,8 +46,8 @@ from harness import Server, log
 from stats import Series, rotated, table, timed
 
 from dashboard import db as dbmod
+from dashboard import queries
 from dashboard.models import NewTodo
-from dashboard.queries import TRANSITIONS as SQL
 from dashboard.store import Store
 
 QUEUE = "bench"
@@ -61,12 +64,95 @@ FILL_CHUNK = 1000
 # ANALYZE, and then scans the whole table for every history row it inserts; which
 # producer connection draws that plan is luck, and it made runs 7x slower at random.
 SEED_DONE = 10_000
+
+
+# == baseline statements =================================================================
+# The only code in this file that uses dashboard's SQL text, and all of it: the baseline
+# loop, and the fill before every measurement, drive the store's own statements
+# (dashboard.queries.TRANSITIONS, from sql/queries/transitions.sql) straight through
+# asyncpg, with the positional arguments dashboard/store.py passes them today (the last
+# one of complete_and_claim is the token scope, None for a worker without one).
+# check_parameters stops the run when their parameter counts change, instead of timing a
+# wrong call. When the statements are renamed or take other parameters, adapt this
+# section, and only it, to pass what dashboard/store.py passes.
+
+SQL = queries.TRANSITIONS
 CAC = SQL["complete_and_claim"]
 CREATE = SQL["create_todos"]
-# The baseline passes these statements the arguments Store passes them (the last one of
-# complete_and_claim is the token scope, None for a worker without one); a change in
-# their parameter count stops the run instead of timing a wrong call.
 PARAMETERS = {"complete_and_claim": 8, "create_todos": 12}
+
+
+async def check_parameters(conn: asyncpg.Connection) -> None:
+    for name, expected in PARAMETERS.items():
+        found = len((await conn.prepare(SQL[name])).get_parameters())
+        if found != expected:
+            raise SystemExit(
+                f"sql/queries/transitions.sql changed: {name} takes {found} parameters, the "
+                f"baseline loop in {Path(__file__).name} passes {expected}; update it to pass "
+                "what dashboard/store.py passes"
+            )
+
+
+def raw_columns(ids, numbers, keys) -> tuple:
+    """create_todos' 11 array arguments for plain asyncpg (jsonb passed as JSON text)."""
+    n = len(ids)
+    return (
+        ids,
+        [QUEUE] * n,
+        ["bench"] * n,
+        ["bench"] * n,
+        [f"todo {i}" for i in numbers],
+        [f'{{"n": {i}}}' for i in numbers],
+        keys,
+        [None] * n,
+        [5] * n,
+        [None] * n,
+        [0] * n,
+    )
+
+
+async def enqueue_pending(admin: asyncpg.Connection, n: int) -> None:
+    """n pending todos through create_todos, FILL_CHUNK at a time (the fill)."""
+    for start in range(0, n, FILL_CHUNK):
+        numbers = range(start, min(n, start + FILL_CHUNK))
+        ids = [f"td_{uuid.uuid4()}" for _ in numbers]
+        await admin.execute(CREATE, *raw_columns(ids, numbers, [None] * len(ids)), "bench")
+
+
+async def baseline_claim_complete(conn: asyncpg.Connection, owner: str) -> int:
+    """claim one, complete it; the store's two statements, straight through asyncpg."""
+    done = 0
+    queues = [QUEUE]
+    while True:
+        claimed = await conn.fetch(CAC, queues, owner, TTL, 1, [], [], [], None)
+        if not claimed:
+            return done
+        todo = claimed[0]
+        completed = await conn.fetch(
+            CAC, [], owner, 1.0, 0, [todo["id"]], [todo["lease_token"]], [None], None
+        )
+        if len(completed) != 1:
+            raise RuntimeError(f"baseline: completing {todo['id']} matched nothing")
+        done += 1
+
+
+async def baseline_enqueue_one(conn: asyncpg.Connection, items: list[tuple]) -> int:
+    for number, key in items:
+        await conn.fetch(CREATE, *raw_columns([f"td_{uuid.uuid4()}"], [number], [key]), "producer")
+    return len(items)
+
+
+async def baseline_enqueue_batches(conn: asyncpg.Connection, batches: list[list[tuple]]) -> int:
+    total = 0
+    for batch in batches:
+        ids = [f"td_{uuid.uuid4()}" for _ in batch]
+        numbers = [number for number, _ in batch]
+        keys = [key for _, key in batch]
+        total += len(await conn.fetch(CREATE, *raw_columns(ids, numbers, keys), "producer"))
+    return total
+
+
+# == end of the baseline statements =======================================================
 
 
 # -- results -----------------------------------------------------------------------------
@@ -106,18 +192,7 @@ class Results:
         return self.series.get(key)
 
 
-# -- the server and its databases --------------------------------------------------------
-
-
-async def check_parameters(conn: asyncpg.Connection) -> None:
-    for name, expected in PARAMETERS.items():
-        found = len((await conn.prepare(SQL[name])).get_parameters())
-        if found != expected:
-            raise SystemExit(
-                f"sql/queries/transitions.sql changed: {name} takes {found} parameters, the "
-                f"baseline loop in {Path(__file__).name} passes {expected}; update it to pass "
-                "what dashboard/store.py passes"
-            )
+# -- the server's commit latency -------------------------------------------------------
 
 
 async def commit_probe(conn: asyncpg.Connection, results: Results, count: int = 50) -> None:
@@ -137,24 +212,6 @@ async def commit_probe(conn: asyncpg.Connection, results: Results, count: int = 
 
 
 # -- filling the queue -------------------------------------------------------------------
-
-
-def raw_columns(ids, numbers, keys) -> tuple:
-    """create_todos' 11 array arguments for plain asyncpg (jsonb passed as JSON text)."""
-    n = len(ids)
-    return (
-        ids,
-        [QUEUE] * n,
-        ["bench"] * n,
-        ["bench"] * n,
-        [f"todo {i}" for i in numbers],
-        [f'{{"n": {i}}}' for i in numbers],
-        keys,
-        [None] * n,
-        [5] * n,
-        [None] * n,
-        [0] * n,
-    )
 
 
 async def reset(admin: asyncpg.Connection) -> None:
@@ -180,10 +237,7 @@ async def reset(admin: asyncpg.Connection) -> None:
 async def fill(admin: asyncpg.Connection, n: int) -> None:
     """Reset, enqueue n pending todos, vacuum, analyze and checkpoint."""
     await reset(admin)
-    for start in range(0, n, FILL_CHUNK):
-        numbers = range(start, min(n, start + FILL_CHUNK))
-        ids = [f"td_{uuid.uuid4()}" for _ in numbers]
-        await admin.execute(CREATE, *raw_columns(ids, numbers, [None] * len(ids)), "bench")
+    await enqueue_pending(admin, n)
     await harness.settle(admin)
 
 
@@ -224,42 +278,6 @@ async def stores(dsn: str, n: int, *, pool: bool):
     else:
         async with connections(dsn, n, codec=True) as conns:
             yield [Store(c) for c in conns]
-
-
-# -- workers: the bare SQL loop ----------------------------------------------------------
-
-
-async def baseline_claim_complete(conn: asyncpg.Connection, owner: str) -> int:
-    """claim one, complete it; the store's two statements, straight through asyncpg."""
-    done = 0
-    queues = [QUEUE]
-    while True:
-        claimed = await conn.fetch(CAC, queues, owner, TTL, 1, [], [], [], None)
-        if not claimed:
-            return done
-        todo = claimed[0]
-        completed = await conn.fetch(
-            CAC, [], owner, 1.0, 0, [todo["id"]], [todo["lease_token"]], [None], None
-        )
-        if len(completed) != 1:
-            raise RuntimeError(f"baseline: completing {todo['id']} matched nothing")
-        done += 1
-
-
-async def baseline_enqueue_one(conn: asyncpg.Connection, items: list[tuple]) -> int:
-    for number, key in items:
-        await conn.fetch(CREATE, *raw_columns([f"td_{uuid.uuid4()}"], [number], [key]), "producer")
-    return len(items)
-
-
-async def baseline_enqueue_batches(conn: asyncpg.Connection, batches: list[list[tuple]]) -> int:
-    total = 0
-    for batch in batches:
-        ids = [f"td_{uuid.uuid4()}" for _ in batch]
-        numbers = [number for number, _ in batch]
-        keys = [key for _, key in batch]
-        total += len(await conn.fetch(CREATE, *raw_columns(ids, numbers, keys), "producer"))
-    return total
 
 
 # -- workers: the store ------------------------------------------------------------------
@@ -408,8 +426,7 @@ async def install_pgqueuer(conn: asyncpg.Connection) -> None:
     """PgQueuer's own installer (what `pgq install` runs), default (durable) settings."""
     from pgqueuer import Queries
 
-    queries = Queries.from_asyncpg_connection(conn)
-    await queries.install()
+    await Queries.from_asyncpg_connection(conn).install()
 
 
 async def run_pgqueuer(dsn: str, admin: asyncpg.Connection, n: int, workers: int):
