@@ -39,18 +39,18 @@ import asyncio
 import contextlib
 import os
 import platform
-import signal
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncpg
+import harness
 import httpx
-import psutil
-from harness import AppProcess, Server, log, pct, run_on_server, server_settings
+from harness import AppProcess, Server, log
+from stats import CPU, CPUMeter, Series, pct, rotated, table, timed
 
 from dashboard import db as dbmod
 from dashboard.accounts import Accounts
@@ -68,49 +68,6 @@ CLAIM_P99_TARGET_MS = 50.0
 WAKE_P95_TARGET_MS = 25.0
 
 
-SETTINGS = ("fsync", "synchronous_commit", "full_page_writes", "wal_sync_method",
-            "shared_buffers", "max_connections")
-
-
-@dataclass
-class CPU:
-    """CPU seconds used during a measurement by the app and this process; the rest of the
-    machine's busy time (PostgreSQL and anything else running) in cores."""
-
-    app: float
-    bench: float
-    rest: float  # cores
-    wall: float
-
-    def per_todo(self, n: int) -> tuple[float, float]:
-        """ms of CPU per todo: (app, bench)."""
-        return self.app * 1000 / n, self.bench * 1000 / n
-
-
-class CPUMeter:
-    def __init__(self, app: AppProcess) -> None:
-        self.app = app
-
-    def __enter__(self) -> CPUMeter:
-        self.wall = time.perf_counter()
-        self.app0 = self.app.cpu_seconds()
-        self.bench0 = time.process_time()
-        self.busy0 = self._busy()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        wall = time.perf_counter() - self.wall
-        app = self.app.cpu_seconds() - self.app0
-        bench = time.process_time() - self.bench0
-        busy = self._busy() - self.busy0
-        self.result = CPU(app, bench, max(0.0, busy - app - bench) / wall, wall)
-
-    @staticmethod
-    def _busy() -> float:
-        t = psutil.cpu_times()
-        return sum(t) - t.idle - getattr(t, "iowait", 0.0)
-
-
 # -- filling the queue -------------------------------------------------------------------
 
 
@@ -118,20 +75,13 @@ async def fill(admin: asyncpg.Connection, store: Store, n: int, queue: str = QUE
     """Empty the tables, enqueue n todos with Store.create_many, vacuum, analyze, checkpoint."""
     await admin.execute("TRUNCATE todos, todo_history, events")
     for start in range(0, n, FILL_CHUNK):
-        await store.create_many([
-            NewTodo(queue=queue, title=f"todo {i}", kind="bench", source="bench", payload={"n": i})
-            for i in range(start, min(n, start + FILL_CHUNK))
-        ])
-    await admin.execute("VACUUM ANALYZE todos, todo_history, events")
-    with contextlib.suppress(asyncpg.InsufficientPrivilegeError):
-        await admin.execute("CHECKPOINT")
-
-
-async def expect_done(admin: asyncpg.Connection, n: int, what: str) -> None:
-    rows = await admin.fetch("SELECT state::text, count(*) FROM todos GROUP BY state")
-    found = {r[0]: r[1] for r in rows}
-    if found != {"done": n}:
-        raise RuntimeError(f"{what}: expected {{'done': {n}}}, the table holds {found}")
+        await store.create_many(
+            [
+                NewTodo(queue=queue, title=f"todo {i}", kind="bench", source="bench", payload={"n": i})
+                for i in range(start, min(n, start + FILL_CHUNK))
+            ]
+        )
+    await harness.settle(admin)
 
 
 # -- the loops -----------------------------------------------------------------------------
@@ -169,8 +119,9 @@ async def http_complete_next(client: httpx.AsyncClient, latencies: list[float]) 
     check(r, "claim")
     todo = r.json()
     while todo is not None:
-        r = await client.post(f"/api/v1/todos/{todo['id']}/complete",
-                              json={"lease": todo["lease"], "next": NEXT})
+        r = await client.post(
+            f"/api/v1/todos/{todo['id']}/complete", json={"lease": todo["lease"], "next": NEXT}
+        )
         check(r, "complete with next")
         todo = r.json()["next"]
         done += 1
@@ -192,10 +143,16 @@ async def store_claim_complete(store: Store, owner: str, latencies: list[float])
 @contextlib.asynccontextmanager
 async def agents(base: str, token: str, n: int):
     """n keep-alive clients, each with its connection open already."""
-    clients = [httpx.AsyncClient(base_url=base, trust_env=False, timeout=60,
-                                 headers={"Authorization": f"Bearer {token}"},
-                                 limits=httpx.Limits(max_connections=1))
-               for _ in range(n)]
+    clients = [
+        httpx.AsyncClient(
+            base_url=base,
+            trust_env=False,
+            timeout=60,
+            headers={"Authorization": f"Bearer {token}"},
+            limits=httpx.Limits(max_connections=1),
+        )
+        for _ in range(n)
+    ]
     try:
         for client in clients:
             (await client.get("/healthz")).raise_for_status()
@@ -205,33 +162,14 @@ async def agents(base: str, token: str, n: int):
             await client.aclose()
 
 
-async def timed(jobs: list[Awaitable[int]]) -> tuple[float, int]:
-    """Run the jobs concurrently; seconds taken and the sum of what they return."""
-    start = time.perf_counter()
-    async with asyncio.TaskGroup() as group:
-        tasks = [group.create_task(job) for job in jobs]
-    return time.perf_counter() - start, sum(t.result() for t in tasks)
-
-
 # -- results -----------------------------------------------------------------------------
 
 
 @dataclass
-class Series:
-    key: str
-    label: str
-    rates: list[float] = field(default_factory=list)
+class CPUSeries(Series):
+    """A Series with the CPU use of each repetition."""
+
     cpus: list[tuple[float, float, float]] = field(default_factory=list)  # app ms, bench ms, rest
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.rates)
-
-    @property
-    def spread(self) -> float:
-        if len(self.rates) < 2:
-            return 0.0
-        return (max(self.rates) - min(self.rates)) / self.median
 
     def cpu(self) -> str:
         app, bench, rest = (statistics.median(c[i] for c in self.cpus) for i in range(3))
@@ -240,25 +178,28 @@ class Series:
 
 class Results:
     def __init__(self) -> None:
-        self.series: dict[str, Series] = {}
+        self.series: dict[str, CPUSeries] = {}
         self.latency: dict[str, list[float]] = {}
 
     def add(self, key: str, label: str, rate: float, cpu: tuple[float, float, float]) -> None:
-        s = self.series.setdefault(key, Series(key, label))
+        s = self.series.setdefault(key, CPUSeries(key, label))
         s.rates.append(rate)
         s.cpus.append(cpu)
-
-
-def rotated(variants: list, rep: int) -> list:
-    k = rep % len(variants)
-    return variants[k:] + variants[:k]
 
 
 # -- the measurements ------------------------------------------------------------------------
 
 
-async def throughput(app: AppProcess, dsn: str, token: str, admin: asyncpg.Connection,
-                     fill_store: Store, args, results: Results, rep: int) -> None:
+async def throughput(
+    app: AppProcess,
+    dsn: str,
+    token: str,
+    admin: asyncpg.Connection,
+    fill_store: Store,
+    args,
+    results: Results,
+    rep: int,
+) -> None:
     async def http(n_agents: int, loop: Callable, latencies: list[float]) -> tuple[float, int, CPU]:
         async with agents(app.base, token, n_agents) as clients:
             with CPUMeter(app) as meter:
@@ -270,8 +211,9 @@ async def throughput(app: AppProcess, dsn: str, token: str, admin: asyncpg.Conne
         try:
             store = Store(pool)
             with CPUMeter(app) as meter:
-                seconds, done = await timed([store_claim_complete(store, f"w{i}", latencies)
-                                             for i in range(n_workers)])
+                seconds, done = await timed(
+                    [store_claim_complete(store, f"w{i}", latencies) for i in range(n_workers)]
+                )
         finally:
             await pool.close()
         return seconds, done, meter.result
@@ -282,26 +224,39 @@ async def throughput(app: AppProcess, dsn: str, token: str, admin: asyncpg.Conne
         claim_lat = results.latency.setdefault(f"claim@{n}", [])
         direct_lat = results.latency.setdefault(f"direct@{n}", [])
         variants = [
-            (f"http@{n}", f"HTTP claim + complete, {n} agent{plural}",
-             lambda n=n, lat=claim_lat: http(n, http_claim_complete, lat)),
-            (f"direct@{n}", f"Store.claim_next + Store.complete, {n} worker{plural}",
-             lambda n=n, lat=direct_lat: direct(n, lat)),
+            (
+                f"http@{n}",
+                f"HTTP claim + complete, {n} agent{plural}",
+                lambda n=n, lat=claim_lat: http(n, http_claim_complete, lat),
+            ),
+            (
+                f"direct@{n}",
+                f"Store.claim_next + Store.complete, {n} worker{plural}",
+                lambda n=n, lat=direct_lat: direct(n, lat),
+            ),
         ]
         if n > 1:
-            variants.append((f"next@{n}", f"HTTP complete with next (1 request/todo), {n} agents",
-                             lambda n=n: http(n, http_complete_next, [])))
+            variants.append(
+                (
+                    f"next@{n}",
+                    f"HTTP complete with next (1 request/todo), {n} agents",
+                    lambda n=n: http(n, http_complete_next, []),
+                )
+            )
         log(f"[throughput] run {rep + 1}/{args.runs}, {n} agent{plural}, {count} todos each")
         for key, label, run in rotated(variants, rep):
             await fill(admin, fill_store, count)
             seconds, done, cpu = await run()
             if done != count:
                 raise RuntimeError(f"{label}: processed {done} of {count}")
-            await expect_done(admin, count, label)
+            await harness.expect_states(admin, {"done": count}, label)
             app.check_alive()
             rate = done / seconds
             app_ms, bench_ms = cpu.per_todo(done)
-            log(f"  {label:<58} {rate:>8,.0f} todos/s  ({done} in {seconds:.2f} s; CPU per todo: "
-                f"app {app_ms:.2f} ms, bench {bench_ms:.2f} ms; rest of machine {cpu.rest:.2f} cores)")
+            log(
+                f"  {label:<58} {rate:>8,.0f} todos/s  ({done} in {seconds:.2f} s; CPU per todo: "
+                f"app {app_ms:.2f} ms, bench {bench_ms:.2f} ms; rest of machine {cpu.rest:.2f} cores)"
+            )
             results.add(key, label, rate, (app_ms, bench_ms, cpu.rest))
 
 
@@ -321,9 +276,9 @@ async def wake_up(app: AppProcess, token: str, store: Store, n: int) -> list[flo
     samples = []
     async with agents(app.base, token, 1) as (client,):
         for k in range(n):
+
             async def waiting() -> tuple[httpx.Response, float]:
-                r = await client.post("/api/v1/claims",
-                                      json={"queues": [WAKE_QUEUE], "ttl": 60, "wait": 10})
+                r = await client.post("/api/v1/claims", json={"queues": [WAKE_QUEUE], "ttl": 60, "wait": 10})
                 return r, time.perf_counter()
 
             task = asyncio.create_task(waiting())
@@ -348,24 +303,11 @@ async def wake_up(app: AppProcess, token: str, store: Store, n: int) -> list[flo
 # -- the report --------------------------------------------------------------------------------
 
 
-def table(rows: list[tuple], right: set[int]) -> list[str]:
-    full = [r for r in rows if len(r) > 1]
-    widths = [max(len(r[i]) for r in full) for i in range(len(full[0]))]
-    out = []
-    for r in rows:
-        if len(r) == 1:
-            out.extend(["", r[0]])
-            continue
-        cells = [c.rjust(w) if i in right else c.ljust(w)
-                 for i, (c, w) in enumerate(zip(r, widths, strict=True))]
-        out.append("  ".join(cells).rstrip())
-    return out
-
-
 def render(results: Results, header: list[str]) -> str:
     s = results.series
-    rows: list[tuple] = [("scenario", "todos/s", "spread", "ratio", "vs", "target", "result",
-                          "CPU/todo: app / bench  rest")]
+    rows: list[tuple] = [
+        ("scenario", "todos/s", "spread", "ratio", "vs", "target", "result", "CPU/todo: app / bench  rest")
+    ]
 
     def row(key: str, versus: str | None = None, target: float | None = None) -> None:
         if key not in s:
@@ -373,13 +315,17 @@ def render(results: Results, header: list[str]) -> str:
         series = s[key]
         ratio = series.median / s[versus].median if versus in s else None
         verdict = "" if target is None or ratio is None else ("PASS" if ratio >= target else "MISS")
-        rows.append((
-            series.label, f"{series.median:,.0f}",
-            f"±{series.spread * 50:.0f}%" if len(series.rates) > 1 else "",
-            "" if ratio is None else f"{ratio:.2f}×",
-            "" if versus is None else ("direct" if versus.startswith("direct") else versus),
-            "" if target is None else f"≥ {target:.2f}×", verdict, series.cpu(),
-        ))
+        rows.append(
+            (
+                series.label,
+                *series.rate_cells(),
+                "" if ratio is None else f"{ratio:.2f}×",
+                "" if versus is None else ("direct" if versus.startswith("direct") else versus),
+                "" if target is None else f"≥ {target:.2f}×",
+                verdict,
+                series.cpu(),
+            )
+        )
 
     rows.append(("claim + complete of pre-enqueued todos (two requests or statements per todo)",))
     for n in AGENT_COUNTS:
@@ -394,33 +340,64 @@ def render(results: Results, header: list[str]) -> str:
     base = results.latency.get("healthz") or []
     if base:
         lat.append(("baseline: the same app, no database",))
-        lat.append(("GET /healthz, 1 client", f"{pct(base, 50):.1f} ms", f"{pct(base, 95):.1f} ms",
-                    f"{pct(base, 99):.1f} ms", f"{len(base):,}", "", ""))
+        lat.append(
+            (
+                "GET /healthz, 1 client",
+                f"{pct(base, 50):.1f} ms",
+                f"{pct(base, 95):.1f} ms",
+                f"{pct(base, 99):.1f} ms",
+                f"{len(base):,}",
+                "",
+                "",
+            )
+        )
     lat.append(("POST /api/v1/claims when work is ready (inside the claim + complete loops)",))
     for n in AGENT_COUNTS:
         v = results.latency.get(f"claim@{n}") or []
         if not v:
             continue
         p99 = pct(v, 99)
-        lat.append((f"claim latency, {n} agent{'s' if n > 1 else ''}", f"{pct(v, 50):.1f} ms",
-                    f"{pct(v, 95):.1f} ms", f"{p99:.1f} ms", f"{len(v):,}",
-                    f"p99 ≤ {CLAIM_P99_TARGET_MS:.0f} ms",
-                    "PASS" if p99 <= CLAIM_P99_TARGET_MS else "MISS"))
+        lat.append(
+            (
+                f"claim latency, {n} agent{'s' if n > 1 else ''}",
+                f"{pct(v, 50):.1f} ms",
+                f"{pct(v, 95):.1f} ms",
+                f"{p99:.1f} ms",
+                f"{len(v):,}",
+                f"p99 ≤ {CLAIM_P99_TARGET_MS:.0f} ms",
+                "PASS" if p99 <= CLAIM_P99_TARGET_MS else "MISS",
+            )
+        )
     lat.append(("Store.claim_next directly, for comparison (inside the direct loops)",))
     for n in AGENT_COUNTS:
         v = results.latency.get(f"direct@{n}") or []
         if v:
-            lat.append((f"Store.claim_next latency, {n} worker{'s' if n > 1 else ''}",
-                        f"{pct(v, 50):.1f} ms", f"{pct(v, 95):.1f} ms", f"{pct(v, 99):.1f} ms",
-                        f"{len(v):,}", "", ""))
+            lat.append(
+                (
+                    f"Store.claim_next latency, {n} worker{'s' if n > 1 else ''}",
+                    f"{pct(v, 50):.1f} ms",
+                    f"{pct(v, 95):.1f} ms",
+                    f"{pct(v, 99):.1f} ms",
+                    f"{len(v):,}",
+                    "",
+                    "",
+                )
+            )
     wake = results.latency.get("wake") or []
     if wake:
         p95 = pct(wake, 95)
         lat.append(("long-poll wake-up: POST /api/v1/claims wait=10, then an enqueue",))
-        lat.append(("enqueue's commit returned → the agent has the todo", f"{pct(wake, 50):.1f} ms",
-                    f"{p95:.1f} ms", f"{pct(wake, 99):.1f} ms", str(len(wake)),
-                    f"p95 ≤ {WAKE_P95_TARGET_MS:.0f} ms",
-                    "PASS" if p95 <= WAKE_P95_TARGET_MS else "MISS"))
+        lat.append(
+            (
+                "enqueue's commit returned → the agent has the todo",
+                f"{pct(wake, 50):.1f} ms",
+                f"{p95:.1f} ms",
+                f"{pct(wake, 99):.1f} ms",
+                str(len(wake)),
+                f"p95 ≤ {WAKE_P95_TARGET_MS:.0f} ms",
+                "PASS" if p95 <= WAKE_P95_TARGET_MS else "MISS",
+            )
+        )
     lines += ["", *table(lat, {1, 2, 3, 4})]
     return "\n".join(lines)
 
@@ -429,14 +406,12 @@ def render(results: Results, header: list[str]) -> str:
 
 
 async def run_all(server: Server, args, tmp: Path) -> int:
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
     started = time.perf_counter()
     load_before = os.getloadavg()
     results = Results()
     app: AppProcess | None = None
     try:
-        settings = await server_settings(server.dsn, SETTINGS)
+        settings = await harness.server_settings(server.dsn)
         dsn = await server.new_database("api")
         admin = await asyncpg.connect(dsn)
         fill_conn = await dbmod.connect(dsn)
@@ -447,7 +422,9 @@ async def run_all(server: Server, args, tmp: Path) -> int:
             await app.start()
             app_conns = await admin.fetchval(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND pid <> pg_backend_pid() AND pid <> $1", fill_conn.get_server_pid())
+                "AND pid <> pg_backend_pid() AND pid <> $1",
+                fill_conn.get_server_pid(),
+            )
             fill_store = Store(fill_conn)
             wake_per_run = -(-args.wake // args.runs)
             for rep in range(args.runs):
@@ -455,9 +432,11 @@ async def run_all(server: Server, args, tmp: Path) -> int:
                 log(f"[wake-up] run {rep + 1}/{args.runs}, {wake_per_run} samples")
                 await admin.execute("TRUNCATE todos, todo_history, events")
                 results.latency.setdefault("wake", []).extend(
-                    await wake_up(app, token, fill_store, wake_per_run))
+                    await wake_up(app, token, fill_store, wake_per_run)
+                )
                 results.latency.setdefault("healthz", []).extend(
-                    await healthz(app, token, 20 if args.quick else 100))
+                    await healthz(app, token, 20 if args.quick else 100)
+                )
                 app.check_alive()
         finally:
             await fill_conn.close()
@@ -470,8 +449,7 @@ async def run_all(server: Server, args, tmp: Path) -> int:
     cpus = os.cpu_count()
     header = [
         f"switchboard agent API throughput — PostgreSQL {settings['version']} ({server.description})",
-        "fsync={fsync}  synchronous_commit={synchronous_commit}  full_page_writes={full_page_writes}  "
-        "wal_sync_method={wal_sync_method}  shared_buffers={shared_buffers}".format(**settings),
+        harness.settings_line(settings, harness.SHOWN_SETTINGS),
         f"{cpus} CPUs shared by the load generator (this process: httpx clients or Store workers), "
         f"the app process (uvicorn, 1 worker, {app_conns} database connections at start) and "
         "PostgreSQL — the HTTP rows pay for the client too",
@@ -492,8 +470,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, help="repetitions of every measurement (3)")
     parser.add_argument("--todos", type=int, help="todos per measurement (4000)")
     parser.add_argument("--wake", type=int, help="long-poll wake-up samples in all (30)")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 400 todos, 1 run, 10 wake-ups (unless given)")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: 400 todos, 1 run, 10 wake-ups (unless given)"
+    )
     args = parser.parse_args(argv)
     args.runs = args.runs or (1 if args.quick else 3)
     args.todos = args.todos or (400 if args.quick else 4000)
@@ -503,10 +482,5 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    return run_on_server("sb-bench-api-", lambda server, tmp: run_all(server, args, tmp))
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.run_on_server("sb-bench-api-", run_all, parse_args(None)))

@@ -44,18 +44,18 @@ import asyncio
 import contextlib
 import os
 import platform
-import signal
 import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
 import asyncpg
+import harness
 import httpx
-import psutil
-from harness import AppProcess, Server, log, pct, run_on_server, server_settings
+from harness import AppProcess, Server, log
+from stats import CPUMeter, pct, table
 
 from dashboard import db as dbmod
 from dashboard.accounts import Accounts
@@ -76,41 +76,33 @@ BURST_SECONDS = 5.0
 BURST_BATCH = 50
 OPERATOR_SQL = "SELECT name, role FROM operators WHERE name = $1"
 
-VERBS = ("sync", "send", "refund", "reindex", "resize", "notify", "import", "export", "archive",
-         "verify")
-NOUNS = ("invoice", "order", "email", "report", "image", "account", "payment", "shipment", "ticket",
-         "profile", "refund", "contract", "receipt", "message", "upload", "webhook", "customer",
-         "subscription", "coupon", "review")
+VERBS = ("sync", "send", "refund", "reindex", "resize", "notify", "import", "export", "archive", "verify")
+NOUNS = (
+    "invoice",
+    "order",
+    "email",
+    "report",
+    "image",
+    "account",
+    "payment",
+    "shipment",
+    "ticket",
+    "profile",
+    "refund",
+    "contract",
+    "receipt",
+    "message",
+    "upload",
+    "webhook",
+    "customer",
+    "subscription",
+    "coupon",
+    "review",
+)
 
 
-SETTINGS = ("fsync", "synchronous_commit", "shared_buffers", "work_mem", "jit", "max_connections")
-
-
-class CPUMeter:
-    """Cores used while inside: the app, this process, and the rest of the machine."""
-
-    def __init__(self, app: AppProcess) -> None:
-        self.app = app
-
-    def __enter__(self) -> CPUMeter:
-        self.wall = time.perf_counter()
-        self.app0 = self.app.cpu_seconds()
-        self.bench0 = time.process_time()
-        self.busy0 = self._busy()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        wall = time.perf_counter() - self.wall
-        app = self.app.cpu_seconds() - self.app0
-        bench = time.process_time() - self.bench0
-        busy = self._busy() - self.busy0
-        self.text = (f"app {app / wall:.2f}, bench {bench / wall:.2f}, rest of the machine "
-                     f"(PostgreSQL and anything else) {max(0.0, busy - app - bench) / wall:.2f}")
-
-    @staticmethod
-    def _busy() -> float:
-        t = psutil.cpu_times()
-        return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+SHOWN_SETTINGS = ("fsync", "synchronous_commit", "shared_buffers", "work_mem", "jit")
+SETTINGS = (*SHOWN_SETTINGS, "max_connections")
 
 
 # -- filling the database ------------------------------------------------------------------
@@ -120,20 +112,43 @@ def _array(words: tuple[str, ...]) -> str:
     return "ARRAY[" + ", ".join(f"'{w}'" for w in words) + "]"
 
 
-COLUMNS = ("queue", "source", "kind", "title", "payload", "idempotency_key", "state", "owner",
-           "lease_expires_at", "lease_token", "heartbeat_at", "attempt", "max_attempts", "result",
-           "next_retry_at", "last_error", "created_at", "updated_at", "claimed_at", "completed_at")
+COLUMNS = (
+    "queue",
+    "source",
+    "kind",
+    "title",
+    "payload",
+    "idempotency_key",
+    "state",
+    "owner",
+    "lease_expires_at",
+    "lease_token",
+    "heartbeat_at",
+    "attempt",
+    "max_attempts",
+    "result",
+    "next_retry_at",
+    "last_error",
+    "created_at",
+    "updated_at",
+    "claimed_at",
+    "completed_at",
+)
 
 # Column expressions over i (a unique number) and t (the category's anchor time).
 DEFAULTS = {
     "queue": f"'q' || (i % {QUEUES})",
     "source": "'bench'",
     "kind": "(ARRAY['webhook', 'email', 'sync', 'report', 'image'])[1 + i % 5]",
-    "title": (f"({_array(VERBS)})[1 + (i / 400) % {len(VERBS)}] || ' ' || "
-              f"({_array(NOUNS)})[1 + (i / {QUEUES}) % {len(NOUNS)}] || ' for cust' || "
-              "lpad(floor(random() * 500)::int::text, 3, '0') || ' #' || i"),
-    "payload": ("jsonb_build_object('n', i, 'amount', floor(random() * 100000)::int, "
-                "'currency', 'EUR', 'note', 'delivered by the bench fill')"),
+    "title": (
+        f"({_array(VERBS)})[1 + (i / 400) % {len(VERBS)}] || ' ' || "
+        f"({_array(NOUNS)})[1 + (i / {QUEUES}) % {len(NOUNS)}] || ' for cust' || "
+        "lpad(floor(random() * 500)::int::text, 3, '0') || ' #' || i"
+    ),
+    "payload": (
+        "jsonb_build_object('n', i, 'amount', floor(random() * 100000)::int, "
+        "'currency', 'EUR', 'note', 'delivered by the bench fill')"
+    ),
     "idempotency_key": "CASE WHEN i % 3 = 0 THEN 'key-' || i END",
     "state": "'pending'",
     "owner": "NULL",
@@ -152,19 +167,30 @@ DEFAULTS = {
 }
 
 DONE = {
-    "state": "'done'", "owner": "'worker-' || (i % 8)", "lease_token": "1", "attempt": "1",
+    "state": "'done'",
+    "owner": "'worker-' || (i % 8)",
+    "lease_token": "1",
+    "attempt": "1",
     "result": "'{\"ok\": true}'::jsonb",
     "created_at": "t - interval '1 minute' - random() * interval '10 minutes'",
-    "claimed_at": "t - random() * interval '1 minute'", "completed_at": "t",
+    "claimed_at": "t - random() * interval '1 minute'",
+    "completed_at": "t",
 }
 DEAD = {
-    "state": "'failed'", "owner": "'agent-' || (i % 50)", "lease_token": "5", "attempt": "5",
+    "state": "'failed'",
+    "owner": "'agent-' || (i % 50)",
+    "lease_token": "5",
+    "attempt": "5",
     "last_error": "'HTTP 502 from upstream (attempt 5 of 5): connection reset by peer'",
     "created_at": "t - interval '1 minute' - random() * interval '30 minutes'",
-    "claimed_at": "t - random() * interval '1 minute'", "completed_at": "t",
+    "claimed_at": "t - random() * interval '1 minute'",
+    "completed_at": "t",
 }
 CLAIMED = {
-    "state": "'claimed'", "owner": "'agent-' || (i % 50)", "lease_token": "1", "attempt": "1",
+    "state": "'claimed'",
+    "owner": "'agent-' || (i % 50)",
+    "lease_token": "1",
+    "attempt": "1",
     "created_at": "t - interval '5 minutes'",
     "claimed_at": "now() - random() * interval '5 minutes'",
     "heartbeat_at": "now() - random() * interval '30 seconds'",
@@ -189,24 +215,37 @@ def categories(n: int) -> list[Category]:
     recent_hour = n * 2 // 1000
     done = n - live - dead - recent15 - recent_hour
     return [
-        Category("done, last 2 days", done,
-                 "now() - interval '1 hour' - random() * interval '47 hours'", DONE),
+        Category(
+            "done, last 2 days", done, "now() - interval '1 hour' - random() * interval '47 hours'", DONE
+        ),
         Category("done, last hour", recent_hour, "now() - random() * interval '1 hour'", DONE),
-        Category("done, last 15 minutes", recent15,
-                 "now() - random() * interval '15 minutes'", DONE),
-        Category("dead (failed)", dead,
-                 "now() - interval '10 minutes' - random() * interval '47 hours'", DEAD),
+        Category("done, last 15 minutes", recent15, "now() - random() * interval '15 minutes'", DONE),
+        Category(
+            "dead (failed)", dead, "now() - interval '10 minutes' - random() * interval '47 hours'", DEAD
+        ),
         Category("ready", ready, "now() - random() * interval '1 hour'", {}),
-        Category("retrying (future next_retry_at)", retrying,
-                 "now() - random() * interval '2 hours'", {
-                     "attempt": "1 + i % 3", "lease_token": "1 + i % 3",
-                     "next_retry_at": "now() + interval '1 hour' + random() * interval '5 hours'",
-                     "last_error": "'timeout after 30s'"}),
+        Category(
+            "retrying (future next_retry_at)",
+            retrying,
+            "now() - random() * interval '2 hours'",
+            {
+                "attempt": "1 + i % 3",
+                "lease_token": "1 + i % 3",
+                "next_retry_at": "now() + interval '1 hour' + random() * interval '5 hours'",
+                "last_error": "'timeout after 30s'",
+            },
+        ),
         Category("claimed (lease held)", claimed, "now() - random() * interval '1 hour'", CLAIMED),
-        Category("claimed (lease lapsed)", lapsed, "now() - random() * interval '1 hour'", {
-            **CLAIMED,
-            "heartbeat_at": "now() - interval '10 minutes' - random() * interval '5 minutes'",
-            "lease_expires_at": "now() - random() * interval '10 minutes'"}),
+        Category(
+            "claimed (lease lapsed)",
+            lapsed,
+            "now() - random() * interval '1 hour'",
+            {
+                **CLAIMED,
+                "heartbeat_at": "now() - interval '10 minutes' - random() * interval '5 minutes'",
+                "lease_expires_at": "now() - random() * interval '10 minutes'",
+            },
+        ),
     ]
 
 
@@ -253,33 +292,36 @@ async def fill(dsn: str, n: int) -> dict:
         started = time.perf_counter()
         await conn.execute(HISTORY_SQL)
         detail_id = await conn.fetchval(
-            "SELECT id FROM todos WHERE state = 'failed' AND queue = $1 "
-            "ORDER BY completed_at DESC LIMIT 1", QUEUE)
+            "SELECT id FROM todos WHERE state = 'failed' AND queue = $1 ORDER BY completed_at DESC LIMIT 1",
+            QUEUE,
+        )
         await story(conn, detail_id)
         await conn.execute("RESET session_replication_role")
         log(f"  history rows in {time.perf_counter() - started:.1f} s")
         started = time.perf_counter()
-        await conn.execute("VACUUM ANALYZE todos, todo_history, events")
-        with contextlib.suppress(asyncpg.InsufficientPrivilegeError):
-            await conn.execute("CHECKPOINT")
+        await harness.settle(conn)
         log(f"  VACUUM ANALYZE, CHECKPOINT in {time.perf_counter() - started:.1f} s")
-        states = {r[0]: r[1] for r in await conn.fetch(
-            "SELECT CASE WHEN state = 'pending' AND next_retry_at > now() THEN 'retrying' "
-            "WHEN state = 'pending' THEN 'ready' "
-            "WHEN state = 'claimed' AND lease_expires_at < now() THEN 'lapsed' "
-            "ELSE state::text END, count(*) FROM todos GROUP BY 1")}
+        states = {
+            r[0]: r[1]
+            for r in await conn.fetch(
+                "SELECT CASE WHEN state = 'pending' AND next_retry_at > now() THEN 'retrying' "
+                "WHEN state = 'pending' THEN 'ready' "
+                "WHEN state = 'claimed' AND lease_expires_at < now() THEN 'lapsed' "
+                "ELSE state::text END, count(*) FROM todos GROUP BY 1"
+            )
+        }
         rare = await conn.fetchval(
-            "SELECT substring(title FROM 'cust[0-9]{3}') FROM todos WHERE queue = $1 LIMIT 1", QUEUE)
+            "SELECT substring(title FROM 'cust[0-9]{3}') FROM todos WHERE queue = $1 LIMIT 1", QUEUE
+        )
         facts = {
             "states": states,
             "history": await conn.fetchval("SELECT count(*) FROM todo_history"),
-            "size": await conn.fetchval(
-                "SELECT pg_size_pretty(pg_total_relation_size('todos'))"),
+            "size": await conn.fetchval("SELECT pg_size_pretty(pg_total_relation_size('todos'))"),
             "detail_id": detail_id,
             "rare_word": rare or "cust123",
             "done_hour": await conn.fetchval(
-                "SELECT count(*) FROM todos WHERE state = 'done' "
-                "AND completed_at > now() - interval '1 hour'"),
+                "SELECT count(*) FROM todos WHERE state = 'done' AND completed_at > now() - interval '1 hour'"
+            ),
         }
         return facts
     finally:
@@ -292,19 +334,32 @@ async def story(conn: asyncpg.Connection, todo_id: str) -> None:
         "INSERT INTO events (id, source, kind, payload) VALUES ('ev_bench', 'stripe', "
         "'invoice.payment_failed', $1::jsonb)",
         '{"id": "evt_1", "data": {"object": {"amount_due": 4200, "customer": "cus_42", '
-        '"lines": [{"amount": 4200, "description": "Pro plan"}]}}}')
+        '"lines": [{"amount": 4200, "description": "Pro plan"}]}}}',
+    )
     await conn.execute(
         "UPDATE todos SET event_id = 'ev_bench', payload = payload || $2::jsonb WHERE id = $1",
-        todo_id, '{"invoice": {"id": "in_42", "lines": [1, 2, 3], "meta": {"tries": 5}}}')
+        todo_id,
+        '{"invoice": {"id": "in_42", "lines": [1, 2, 3], "meta": {"tries": 5}}}',
+    )
     rows = [(todo_id, None, "pending", "producer", 0, "created")]
     for attempt in range(1, 6):
         rows.append((todo_id, "pending", "claimed", f"agent-{attempt}", attempt, "claimed"))
         end = "failed" if attempt == 5 else "pending"
-        rows.append((todo_id, "claimed", end, f"agent-{attempt}", attempt,
-                     "HTTP 502 from upstream: connection reset by peer"))
+        rows.append(
+            (
+                todo_id,
+                "claimed",
+                end,
+                f"agent-{attempt}",
+                attempt,
+                "HTTP 502 from upstream: connection reset by peer",
+            )
+        )
     await conn.executemany(
         "INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note) "
-        "VALUES ($1, $2::todo_state, $3::todo_state, $4, $5, $6)", rows)
+        "VALUES ($1, $2::todo_state, $3::todo_state, $4, $5, $6)",
+        rows,
+    )
 
 
 # -- pages ---------------------------------------------------------------------------------
@@ -342,21 +397,24 @@ def page_specs(detail_id: str, rare: str) -> list[PageSpec]:
         PageSpec(f"GET /queues/{q}", f"/queues/{q}", listing()),
         PageSpec(f"GET /partials/queues/{q}", f"/partials/queues/{q}", listing(), partial=True),
         PageSpec(f"GET /queues/{q}?state=done", f"/queues/{q}?state=done", listing(state="done")),
-        PageSpec(f"GET /queues/{q}?state=ready", f"/queues/{q}?state=ready",
-                 listing(state="ready")),
-        PageSpec(f"GET /queues/{q}?state=retrying", f"/queues/{q}?state=retrying",
-                 listing(state="retrying")),
-        PageSpec(f"GET /queues/{q}?q={COMMON_WORD} (1 title in 20)", f"/queues/{q}?q={COMMON_WORD}",
-                 listing(search=COMMON_WORD)),
-        PageSpec(f"GET /queues/{q}?q={rare} (1 title in 500)", f"/queues/{q}?q={rare}",
-                 listing(search=rare)),
+        PageSpec(f"GET /queues/{q}?state=ready", f"/queues/{q}?state=ready", listing(state="ready")),
+        PageSpec(f"GET /queues/{q}?state=retrying", f"/queues/{q}?state=retrying", listing(state="retrying")),
+        PageSpec(
+            f"GET /queues/{q}?q={COMMON_WORD} (1 title in 20)",
+            f"/queues/{q}?q={COMMON_WORD}",
+            listing(search=COMMON_WORD),
+        ),
+        PageSpec(f"GET /queues/{q}?q={rare} (1 title in 500)", f"/queues/{q}?q={rare}", listing(search=rare)),
         PageSpec("GET /leases", "/leases", lambda r: r.leases()),
         PageSpec("GET /partials/leases", "/partials/leases", lambda r: r.leases(), partial=True),
         PageSpec("GET /dead", "/dead", dead),
         PageSpec("GET /partials/dead", "/partials/dead", dead, partial=True),
         PageSpec(f"GET /dead?queue={q}", f"/dead?queue={q}", dead_queue),
-        PageSpec("GET /todos/<id> (dead, 11 history rows, event)", f"/todos/{detail_id}",
-                 lambda r: r.todo_detail(detail_id)),
+        PageSpec(
+            "GET /todos/<id> (dead, 11 history rows, event)",
+            f"/todos/{detail_id}",
+            lambda r: r.todo_detail(detail_id),
+        ),
         PageSpec("GET /create", "/create", None),
     ]
 
@@ -367,8 +425,9 @@ async def login(client: httpx.AsyncClient, name: str, password: str) -> None:
     token = client.cookies.get("csrftoken")
     if not token:
         raise RuntimeError("GET /login set no csrftoken cookie")
-    r = await client.post("/login", data={"name": name, "password": password, "_csrf_token": token},
-                          follow_redirects=False)
+    r = await client.post(
+        "/login", data={"name": name, "password": password, "_csrf_token": token}, follow_redirects=False
+    )
     if r.status_code != 303:
         raise RuntimeError(f"login failed: {r.status_code} {r.text[:300]}")
 
@@ -415,8 +474,9 @@ async def page_sql(pool: asyncpg.Pool, spec: PageSpec, operator: str) -> None:
     spec.sql.append((time.perf_counter() - started) * 1000)
 
 
-async def measure_pages(client: httpx.AsyncClient, pool: asyncpg.Pool, specs: list[PageSpec],
-                        args, operator: str) -> None:
+async def measure_pages(
+    client: httpx.AsyncClient, pool: asyncpg.Pool, specs: list[PageSpec], args, operator: str
+) -> None:
     for _ in range(args.warmup):
         for spec in specs:
             await get_page(client, spec)
@@ -520,8 +580,9 @@ class SSEStream:
                 return line
 
 
-async def hint_latency(stream: SSEStream, store: Store, count: int, spacing: float,
-                       match: Callable[[SSELine], bool]) -> tuple[list[float], int]:
+async def hint_latency(
+    stream: SSEStream, store: Store, count: int, spacing: float, match: Callable[[SSELine], bool]
+) -> tuple[list[float], int]:
     """Enqueue `count` todos `spacing` s apart; ms from commit to the matching event line."""
     samples, lost = [], 0
     for k in range(count):
@@ -560,8 +621,15 @@ async def burst(client: httpx.AsyncClient, stream: SSEStream, dsn: str) -> Burst
         interval = BURST_BATCH / BURST_RATE
         start = time.perf_counter()
         while time.perf_counter() - start < BURST_SECONDS:
-            batch = [NewTodo(queue=f"q{(k * BURST_BATCH + j) % QUEUES}", title=f"burst {k}.{j}",
-                             kind="burst", payload={"k": k, "j": j}) for j in range(BURST_BATCH)]
+            batch = [
+                NewTodo(
+                    queue=f"q{(k * BURST_BATCH + j) % QUEUES}",
+                    title=f"burst {k}.{j}",
+                    kind="burst",
+                    payload={"k": k, "j": j},
+                )
+                for j in range(BURST_BATCH)
+            ]
             made += len(await store.create_many(batch))
             k += 1
             wait = start + k * interval - time.perf_counter()
@@ -617,8 +685,7 @@ async def explain(pool: asyncpg.Pool, calls: list[tuple[str, tuple]], seen: set)
     return out
 
 
-async def explain_reads(pool: asyncpg.Pool, reads: Callable[[Reads], Awaitable],
-                        seen: set) -> list[str]:
+async def explain_reads(pool: asyncpg.Pool, reads: Callable[[Reads], Awaitable], seen: set) -> list[str]:
     """EXPLAIN (ANALYZE, BUFFERS) of each statement `reads` runs (none already in `seen`)."""
     recorder = Recorder(pool)
     await reads(Reads(recorder))
@@ -645,23 +712,11 @@ def ms(v: float) -> str:
 
 
 def render(sections: list[tuple[str, list[Line]]], header: list[str]) -> str:
-    head = Line("measurement", "median", "p95", "n", "body", "SQL median", "target", "result")
-    rows = [head] + [line for _, lines in sections for line in lines]
-    cols = ("label", "p50", "p95", "n", "size", "sql", "target", "verdict")
-    widths = {c: max(len(getattr(r, c)) for r in rows) for c in cols}
-    right = {"p50", "p95", "n", "size", "sql"}
-
-    def fmt(r: Line) -> str:
-        cells = [getattr(r, c).rjust(widths[c]) if c in right else getattr(r, c).ljust(widths[c])
-                 for c in cols]
-        return "  ".join(cells).rstrip()
-
-    lines = [*header, "", fmt(head)]
+    rows = [astuple(Line("measurement", "median", "p95", "n", "body", "SQL median", "target", "result"))]
     for title, section in sections:
-        lines.append("")
-        lines.append(title)
-        lines.extend(fmt(r) for r in section)
-    return "\n".join(lines)
+        rows.append((title,))
+        rows.extend(astuple(line) for line in section)
+    return "\n".join([*header, "", *table(rows, right={1, 2, 3, 4, 5})])
 
 
 def verdict(ok: bool) -> str:
@@ -672,11 +727,9 @@ def verdict(ok: bool) -> str:
 
 
 async def run_all(server: Server, args, tmp: Path) -> int:
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
     started = time.perf_counter()
     load_before = os.getloadavg()
-    settings = await server_settings(server.dsn, SETTINGS)
+    settings = await harness.server_settings(server.dsn, SETTINGS)
     app: AppProcess | None = None
     sections: list[tuple[str, list[Line]]] = []
     explained: list[str] = []
@@ -702,13 +755,16 @@ async def run_all(server: Server, args, tmp: Path) -> int:
             await asyncio.sleep(2.0)
 
             timeout = httpx.Timeout(30.0, read=None)
-            async with httpx.AsyncClient(base_url=app.base, trust_env=False, timeout=30) as client, \
-                    httpx.AsyncClient(base_url=app.base, trust_env=False, timeout=timeout) as streams:
+            async with (
+                httpx.AsyncClient(base_url=app.base, trust_env=False, timeout=30) as client,
+                httpx.AsyncClient(base_url=app.base, trust_env=False, timeout=timeout) as streams,
+            ):
                 await login(client, operator, password)
                 streams.cookies = client.cookies
                 specs = page_specs(facts["detail_id"], facts["rare_word"])
-                log(f"pages: {args.warmup} warm-up and {args.requests} measured rounds over "
-                    f"{len(specs)} URLs")
+                log(
+                    f"pages: {args.warmup} warm-up and {args.requests} measured rounds over {len(specs)} URLs"
+                )
                 with CPUMeter(app) as meter:
                     await measure_pages(client, pool, specs, args, operator)
                 app.check_alive()
@@ -718,14 +774,31 @@ async def run_all(server: Server, args, tmp: Path) -> int:
 
                 # Verdicts and EXPLAIN now, before the hint and burst phases add rows.
                 missed: list[tuple[str, Callable]] = []
-                sections.append((
-                    f"pages and partials: one request at a time, {args.requests} rounds over all "
-                    f"URLs after {args.warmup} warm-up round(s)", page_lines(specs, missed)))
+                sections.append(
+                    (
+                        f"pages and partials: one request at a time, {args.requests} rounds over all "
+                        f"URLs after {args.warmup} warm-up round(s)",
+                        page_lines(specs, missed),
+                    )
+                )
                 stats_ok = statistics.median(stats) <= STATS_TARGET_MS
-                sections.append(("the overview's SQL, directly on a pool", [Line(
-                    "Reads.queue_stats() (queue_counts + throughput + now)",
-                    ms(statistics.median(stats)), ms(pct(stats, 95)), str(len(stats)), "", "",
-                    f"median ≤ {STATS_TARGET_MS:.0f} ms", verdict(stats_ok))]))
+                sections.append(
+                    (
+                        "the overview's SQL, directly on a pool",
+                        [
+                            Line(
+                                "Reads.queue_stats() (queue_counts + throughput + now)",
+                                ms(statistics.median(stats)),
+                                ms(pct(stats, 95)),
+                                str(len(stats)),
+                                "",
+                                "",
+                                f"median ≤ {STATS_TARGET_MS:.0f} ms",
+                                verdict(stats_ok),
+                            )
+                        ],
+                    )
+                )
                 if not stats_ok:
                     missed.append(("Reads.queue_stats()", Reads.queue_stats))
                 if args.explain:
@@ -739,16 +812,21 @@ async def run_all(server: Server, args, tmp: Path) -> int:
 
                 store = Store(pool)
                 log(f"hint latency on /api/v1/channels: {args.hints} enqueues 100 ms apart")
-                async with SSEStream(streams, f"/api/v1/channels?queues={HINT_QUEUE}",
-                                     {"Authorization": f"Bearer {token}"}) as channel:
+                async with SSEStream(
+                    streams, f"/api/v1/channels?queues={HINT_QUEUE}", {"Authorization": f"Bearer {token}"}
+                ) as channel:
                     chan, chan_lost = await hint_latency(
-                        channel, store, args.hints, 0.1,
-                        lambda s: s.event == "hint" and HINT_QUEUE in s.data)
+                        channel, store, args.hints, 0.1, lambda s: s.event == "hint" and HINT_QUEUE in s.data
+                    )
                 log(f"hint latency on /events: {args.dash_hints} enqueues 600 ms apart")
                 async with SSEStream(streams, "/events") as events:
                     dash, dash_lost = await hint_latency(
-                        events, store, args.dash_hints, 0.6,
-                        lambda s: s.event == "refresh" and HINT_QUEUE in s.data.split(","))
+                        events,
+                        store,
+                        args.dash_hints,
+                        0.6,
+                        lambda s: s.event == "refresh" and HINT_QUEUE in s.data.split(","),
+                    )
                 log(f"burst: ~{BURST_RATE} todos/s for {BURST_SECONDS:.0f} s")
                 async with SSEStream(streams, "/events") as events:
                     b = await burst(client, events, dsn)
@@ -763,33 +841,62 @@ async def run_all(server: Server, args, tmp: Path) -> int:
     def hint_line(label: str, samples: list[float], lost: int) -> Line:
         p95 = pct(samples, 95) if samples else float("inf")
         n = f"{len(samples)}" + (f" ({lost} lost)" if lost else "")
-        return Line(label, ms(statistics.median(samples)) if samples else "—", ms(p95), n, "", "",
-                    f"p95 ≤ {HINT_TARGET_MS:.0f} ms", verdict(p95 <= HINT_TARGET_MS and not lost))
+        return Line(
+            label,
+            ms(statistics.median(samples)) if samples else "—",
+            ms(p95),
+            n,
+            "",
+            "",
+            f"p95 ≤ {HINT_TARGET_MS:.0f} ms",
+            verdict(p95 <= HINT_TARGET_MS and not lost),
+        )
 
-    sections.append(("hint latency: enqueue's commit returned → matching SSE line read (≤ 0: the line "
-                     "was read before the producer's await of the commit returned)", [
-        hint_line("GET /api/v1/channels (agent token), enqueues 100 ms apart", chan, chan_lost),
-        hint_line("GET /events (operator session), enqueues 600 ms apart", dash, dash_lost),
-    ]))
+    sections.append(
+        (
+            "hint latency: enqueue's commit returned → matching SSE line read (≤ 0: the line "
+            "was read before the producer's await of the commit returned)",
+            [
+                hint_line("GET /api/v1/channels (agent token), enqueues 100 ms apart", chan, chan_lost),
+                hint_line("GET /events (operator session), enqueues 600 ms apart", dash, dash_lost),
+            ],
+        )
+    )
     rate = b.enqueued / b.seconds
-    sections.append((
-        f"burst: {b.enqueued:,} todos in {b.seconds:.1f} s ({rate:,.0f}/s, Store.create_many "
-        f"of {BURST_BATCH}, own pool) over {QUEUES} queues", [
-            Line("`refresh` events on /events per second (avg; max in a 1-s bin)",
-                 f"{b.refresh_per_s:.1f}/s", f"max {b.refresh_max_1s}", str(b.refresh_total), "", "",
-                 f"≤ {REFRESH_TARGET:.0f}/s", verdict(b.refresh_max_1s <= REFRESH_TARGET)),
-            Line("GET /partials/overview during the burst, every 100 ms",
-                 ms(statistics.median(b.overview)), ms(pct(b.overview, 95)), str(len(b.overview)),
-                 "", "", f"median ≤ {PAGE_TARGET_MS:.0f} ms",
-                 verdict(statistics.median(b.overview) <= PAGE_TARGET_MS)),
-        ]))
+    sections.append(
+        (
+            f"burst: {b.enqueued:,} todos in {b.seconds:.1f} s ({rate:,.0f}/s, Store.create_many "
+            f"of {BURST_BATCH}, own pool) over {QUEUES} queues",
+            [
+                Line(
+                    "`refresh` events on /events per second (avg; max in a 1-s bin)",
+                    f"{b.refresh_per_s:.1f}/s",
+                    f"max {b.refresh_max_1s}",
+                    str(b.refresh_total),
+                    "",
+                    "",
+                    f"≤ {REFRESH_TARGET:.0f}/s",
+                    verdict(b.refresh_max_1s <= REFRESH_TARGET),
+                ),
+                Line(
+                    "GET /partials/overview during the burst, every 100 ms",
+                    ms(statistics.median(b.overview)),
+                    ms(pct(b.overview, 95)),
+                    str(len(b.overview)),
+                    "",
+                    "",
+                    f"median ≤ {PAGE_TARGET_MS:.0f} ms",
+                    verdict(statistics.median(b.overview) <= PAGE_TARGET_MS),
+                ),
+            ],
+        )
+    )
 
     states = facts["states"]
     order = ("done", "ready", "retrying", "claimed", "lapsed", "failed")
     header = [
         f"switchboard dashboard pages — PostgreSQL {settings['version']} ({server.description})",
-        "fsync={fsync}  synchronous_commit={synchronous_commit}  shared_buffers={shared_buffers}  "
-        "work_mem={work_mem}  jit={jit}".format(**settings),
+        harness.settings_line(settings, SHOWN_SETTINGS),
         f"{os.cpu_count()} CPUs shared by the bench (load generator), the app process and "
         f"PostgreSQL; load average {load_before[0]:.1f} at start, {os.getloadavg()[0]:.1f} at end; "
         f"Python {platform.python_version()}, httpx {httpx.__version__}",
@@ -797,16 +904,19 @@ async def run_all(server: Server, args, tmp: Path) -> int:
         + ", ".join(f"{states.get(s, 0):,} {s}" for s in order if s in states)
         + f" after the fill; {facts['done_hour']:,} done in the last hour), "
         f"{facts['history']:,} history rows, todos {facts['size']}; filled in {fill_seconds:.0f} s",
-        f"cores used during the page rounds: {meter.text}",
+        f"cores used during the page rounds: {meter.result.cores()}",
         "the app's reaper runs as in production: the lapsed leases are re-surfaced at start-up",
         f"pages measured on {QUEUE}; SQL = the same reads directly on a pool (with the operator "
         f"lookup); {time.perf_counter() - started:.0f} s in all",
     ]
     print(render(sections, header), flush=True)
     if explained:
-        print("\nEXPLAIN (ANALYZE, BUFFERS) of the SQL behind "
-              + ("every page" if args.explain else "the missed targets")
-              + " (run right after the page measurements):\n", flush=True)
+        print(
+            "\nEXPLAIN (ANALYZE, BUFFERS) of the SQL behind "
+            + ("every page" if args.explain else "the missed targets")
+            + " (run right after the page measurements):\n",
+            flush=True,
+        )
         print("\n".join(explained), flush=True)
     return 0
 
@@ -817,12 +927,18 @@ def page_lines(specs: list[PageSpec], missed: list) -> list[Line]:
         med = statistics.median(spec.samples)
         is_base = spec.path == "/healthz"
         ok = med <= PAGE_TARGET_MS
-        lines.append(Line(
-            spec.label, ms(med), ms(pct(spec.samples, 95)), str(len(spec.samples)),
-            f"{statistics.median(spec.sizes) / 1024:.0f} KiB",
-            ms(statistics.median(spec.sql)) if spec.login or spec.reads else "",
-            "" if is_base else f"median ≤ {PAGE_TARGET_MS:.0f} ms",
-            "" if is_base else verdict(ok)))
+        lines.append(
+            Line(
+                spec.label,
+                ms(med),
+                ms(pct(spec.samples, 95)),
+                str(len(spec.samples)),
+                f"{statistics.median(spec.sizes) / 1024:.0f} KiB",
+                ms(statistics.median(spec.sql)) if spec.login or spec.reads else "",
+                "" if is_base else f"median ≤ {PAGE_TARGET_MS:.0f} ms",
+                "" if is_base else verdict(ok),
+            )
+        )
         if not ok and not is_base and spec.reads is not None:
             missed.append((spec.label, spec.reads))
     return lines
@@ -834,8 +950,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, help="measured requests per URL (50; --quick 15)")
     parser.add_argument("--runs", type=int, help="alias of --requests, for symmetry")
     parser.add_argument("--quick", action="store_true", help="smoke run, well under 90 s")
-    parser.add_argument("--explain", action="store_true",
-                        help="print EXPLAIN (ANALYZE, BUFFERS) of every page's SQL, not just misses")
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="print EXPLAIN (ANALYZE, BUFFERS) of every page's SQL, not just misses",
+    )
     args = parser.parse_args(argv)
     args.todos = args.todos or (100_000 if args.quick else 1_000_000)
     args.requests = args.requests or args.runs or (15 if args.quick else 50)
@@ -849,10 +968,5 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    return run_on_server("sb-bench-pages-", lambda server, tmp: run_all(server, args, tmp))
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.run_on_server("sb-bench-pages-", run_all, parse_args(None)))

@@ -1,8 +1,14 @@
-"""What the benchmarks that run the app share: the server and its scratch databases,
-the app as a subprocess stopped by its pid, and small helpers."""
+"""The one harness every benchmark runs in: the server under test and its scratch
+databases, the durability check, the app as a subprocess stopped by its pid, and the main
+loop (run_on_server) that picks the server, runs the benchmark on asyncio or uvloop, and
+cleans up after it, also on Ctrl-C or SIGTERM.
+
+What the benchmarks compute and print (percentiles, series, tables, CPU use) is in
+stats.py; this module is what they run on."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -26,23 +32,22 @@ from dashboard.migrate import apply_migrations
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# The settings the throughput benchmarks show in their headers, and those they read
+# (server_settings' default; queue_throughput.py writes them all to its JSON);
+# dashboard_pages.py asks for its own.
+SHOWN_SETTINGS = ("fsync", "synchronous_commit", "full_page_writes", "wal_sync_method", "shared_buffers")
+SETTINGS = (*SHOWN_SETTINGS, "max_connections")
+# Every value of synchronous_commit but off waits for the commit record to be flushed to
+# the local disk (remote_* wait for a synchronous standby as well, local does not; with no
+# standby all four mean the same): those commits are durable, off ones are not.
+DURABLE_COMMITS = ("on", "local", "remote_write", "remote_apply")
+
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def pct(values: list[float], q: float) -> float:
-    """The q-th percentile (0-100), linear interpolation between closest ranks."""
-    data = sorted(values)
-    if not data:
-        return float("nan")
-    k = (len(data) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(data) - 1)
-    return data[lo] + (data[hi] - data[lo]) * (k - lo)
-
-
-# -- the server and its database ---------------------------------------------------------
+# -- the server and its databases --------------------------------------------------------
 
 
 def with_database(dsn: str, name: str) -> str:
@@ -52,14 +57,16 @@ def with_database(dsn: str, name: str) -> str:
 
 
 class Server:
-    """The server under test; creates the fresh database and drops it at exit."""
+    """The server under test; creates fresh databases, `sb_bench_<family>_<pid>`, and
+    drops them all in drop_all()."""
 
     def __init__(self, dsn: str, description: str) -> None:
         self.dsn = dsn
         self.description = description
         self.databases: list[str] = []
 
-    async def new_database(self, family: str) -> str:
+    async def new_empty_database(self, family: str) -> str:
+        """A fresh empty database (for a peer's own installer); its URL."""
         name = f"sb_bench_{family}_{os.getpid()}"
         conn = await asyncpg.connect(self.dsn)
         try:
@@ -68,11 +75,20 @@ class Server:
         finally:
             await conn.close()
         self.databases.append(name)
-        dsn = with_database(self.dsn, name)
+        return with_database(self.dsn, name)
+
+    async def new_database(
+        self, family: str, check: Callable[[asyncpg.Connection], Awaitable[None]] | None = None
+    ) -> str:
+        """A fresh database migrated to the app's schema on a durable server, then
+        `check(conn)` when given; its URL."""
+        dsn = await self.new_empty_database(family)
         conn = await asyncpg.connect(dsn)
         try:
             await apply_migrations(conn)
             await check_durable(conn)
+            if check is not None:
+                await check(conn)
         finally:
             await conn.close()
         return dsn
@@ -89,7 +105,7 @@ class Server:
             await conn.close()
 
 
-async def server_settings(dsn: str, names: tuple[str, ...]) -> dict[str, str]:
+async def server_settings(dsn: str, names: tuple[str, ...] = SETTINGS) -> dict[str, str]:
     """The server's version and the settings `names`; refuses a non-durable server."""
     conn = await asyncpg.connect(dsn)
     try:
@@ -102,15 +118,50 @@ async def server_settings(dsn: str, names: tuple[str, ...]) -> dict[str, str]:
         await conn.close()
 
 
+def settings_line(settings: dict[str, str], names: tuple[str, ...]) -> str:
+    """`name=value  name=value ...` for a report's header."""
+    return "  ".join(f"{name}={settings[name]}" for name in names)
+
+
 async def check_durable(conn: asyncpg.Connection) -> None:
-    """Refuse to measure with commits that are not flushed to disk."""
+    """Refuse to measure with commits that are not flushed to disk: every figure is for
+    durable commits."""
     fsync = await conn.fetchval("SHOW fsync")
     sync = await conn.fetchval("SHOW synchronous_commit")
-    if fsync != "on" or sync not in ("on", "remote_apply", "remote_write"):
+    if fsync != "on" or sync not in DURABLE_COMMITS:
         raise SystemExit(
             f"refusing to benchmark a non-durable server: fsync={fsync}, "
-            f"synchronous_commit={sync} (both must stay at their default, on)"
+            f"synchronous_commit={sync} (fsync must be on, and synchronous_commit anything but "
+            f"off: {', '.join(DURABLE_COMMITS)}; both default to on)"
         )
+
+
+# -- the tables between measurements -----------------------------------------------------
+
+
+async def checkpoint(conn: asyncpg.Connection) -> None:
+    """Start every measurement right after a checkpoint (same full-page-write state);
+    skipped without the privilege (superuser or pg_checkpoint)."""
+    with contextlib.suppress(asyncpg.InsufficientPrivilegeError):
+        await conn.execute("CHECKPOINT")
+
+
+async def settle(conn: asyncpg.Connection) -> None:
+    """VACUUM ANALYZE the app's tables, then checkpoint."""
+    await conn.execute("VACUUM ANALYZE todos, todo_history, events")
+    await checkpoint(conn)
+
+
+async def count_states(conn: asyncpg.Connection) -> dict[str, int]:
+    rows = await conn.fetch("SELECT state::text, count(*) FROM todos GROUP BY state")
+    return {r[0]: r[1] for r in rows}
+
+
+async def expect_states(conn: asyncpg.Connection, expected: dict[str, int], what: str) -> None:
+    """Stop the run when `todos` does not hold exactly `expected` todos per state."""
+    found = await count_states(conn)
+    if found != expected:
+        raise RuntimeError(f"{what}: expected {expected}, the table holds {found}")
 
 
 # -- the app in a subprocess ---------------------------------------------------------------
@@ -137,9 +188,11 @@ class AppProcess:
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         env = {**os.environ, "DATABASE_URL": self.dsn}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dashboard.cli", "serve", "--host", "127.0.0.1",
-             "--port", str(self.port)],
-            env=env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", "dashboard.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             cwd=ROOT,
         )
 
@@ -185,25 +238,53 @@ class AppProcess:
             self._log = None
 
 
-def run_on_server(prefix: str, run: Callable[[Server, Path], Awaitable[int]]) -> int:
-    """Run `run(server, tmp)` on DATABASE_URL, else on an embedded server in a temporary
-    data dir that is stopped and removed afterwards."""
-    url = os.environ.get("DATABASE_URL")
+def run_on_server(
+    prefix: str,
+    run: Callable[[Server, argparse.Namespace, Path], Awaitable[int]],
+    args: argparse.Namespace,
+    *,
+    use_uvloop: bool = False,
+) -> int:
+    """Run `run(server, args, tmp)` on DATABASE_URL, else on an embedded server in a
+    temporary data dir that is stopped and removed afterwards; its exit status.
+
+    The event loop is asyncio's, or uvloop's with `use_uvloop`. SIGTERM cancels the run like
+    Ctrl-C does; either way `run`'s own clean-up (dropping its databases, stopping the app)
+    runs first, and the status is 143 or 130."""
     embedded = None
     tmp = Path(tempfile.mkdtemp(prefix=prefix))
-    if url:
-        dbmod.check_url(url)
-        parts = urlsplit(url)
-        server = Server(url, f"DATABASE_URL {parts.hostname or 'socket'}:{parts.port or 5432}")
-    else:
-        log(f"starting the embedded server in {tmp}")
-        embedded = dbmod.start_embedded(tmp / "pgdata")
-        server = Server(embedded.get_uri(), "embedded, temporary data dir")
     try:
-        return asyncio.run(run(server, tmp))
+        url = os.environ.get("DATABASE_URL")
+        if url:
+            dbmod.check_url(url)
+            parts = urlsplit(url)
+            server = Server(url, f"DATABASE_URL {parts.hostname or 'socket'}:{parts.port or 5432}")
+        else:
+            log(f"starting the embedded server in {tmp}")
+            embedded = dbmod.start_embedded(tmp / "pgdata")
+            server = Server(embedded.get_uri(), "embedded, temporary data dir")
+        with asyncio.Runner(loop_factory=_loop_factory(use_uvloop)) as runner:
+            try:
+                return runner.run(_cancelled_by_sigterm(run(server, args, tmp)))
+            except (KeyboardInterrupt, asyncio.CancelledError) as exc:
+                log("interrupted: the benchmark databases were dropped")
+                return 130 if isinstance(exc, KeyboardInterrupt) else 143
     finally:
         dbmod.release_embedded(embedded)
         if (tmp / "pgdata" / "postmaster.pid").exists():
             log(f"the embedded server in {tmp} did not stop; its data dir is left there")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def _cancelled_by_sigterm(run: Awaitable[int]) -> int:
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
+    return await run
+
+
+def _loop_factory(use_uvloop: bool):
+    if not use_uvloop:
+        return None
+    import uvloop
+
+    return uvloop.new_event_loop

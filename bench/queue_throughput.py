@@ -17,6 +17,9 @@ truncated, seeded with finished todos, refilled (when the measurement consumes t
 vacuumed, analyzed and checkpointed, so every variant starts from the same state.
 Progress goes to stderr; the table goes to stdout. See bench/README.md for what each row
 measures.
+
+The server, its databases and the main loop are harness.py's; every use of dashboard's SQL
+text is in the "baseline statements" section below.
 """
 
 from __future__ import annotations
@@ -28,25 +31,23 @@ import json
 import logging
 import os
 import platform
-import shutil
-import signal
 import statistics
 import sys
-import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+import harness
+from harness import Server, log
+from stats import Series, rotated, table, timed
 
 from dashboard import db as dbmod
-from dashboard.migrate import apply_migrations
+from dashboard import queries
 from dashboard.models import NewTodo
-from dashboard.queries import TRANSITIONS as SQL
 from dashboard.store import Store
 
 QUEUE = "bench"
@@ -63,153 +64,22 @@ FILL_CHUNK = 1000
 # ANALYZE, and then scans the whole table for every history row it inserts; which
 # producer connection draws that plan is luck, and it made runs 7x slower at random.
 SEED_DONE = 10_000
+
+
+# == baseline statements =================================================================
+# The only code in this file that uses dashboard's SQL text, and all of it: the baseline
+# loop, and the fill before every measurement, drive the store's own statements
+# (dashboard.queries.TRANSITIONS, from sql/queries/transitions.sql) straight through
+# asyncpg, with the positional arguments dashboard/store.py passes them today (the last
+# one of complete_and_claim is the token scope, None for a worker without one).
+# check_parameters stops the run when their parameter counts change, instead of timing a
+# wrong call. When the statements are renamed or take other parameters, adapt this
+# section, and only it, to pass what dashboard/store.py passes.
+
+SQL = queries.TRANSITIONS
 CAC = SQL["complete_and_claim"]
 CREATE = SQL["create_todos"]
-# The baseline passes these statements the arguments Store passes them (the last one of
-# complete_and_claim is the token scope, None for a worker without one); a change in
-# their parameter count stops the run instead of timing a wrong call.
 PARAMETERS = {"complete_and_claim": 8, "create_todos": 12}
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-# -- results -----------------------------------------------------------------------------
-
-
-@dataclass
-class Series:
-    """One variant's throughput over the repetitions."""
-
-    key: str
-    label: str
-    rates: list[float] = field(default_factory=list)
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.rates)
-
-    @property
-    def spread(self) -> float:
-        """(max - min) / median, as a fraction."""
-        if len(self.rates) < 2:
-            return 0.0
-        return (max(self.rates) - min(self.rates)) / self.median
-
-
-@dataclass
-class Row:
-    series: Series
-    versus: Series | None = None
-    target: float | None = None  # minimum ratio series/versus
-    target_text: str = ""
-
-    @property
-    def ratio(self) -> float | None:
-        """The median of the per-run ratios: each run's two variants ran back to back."""
-        if self.versus is None:
-            return None
-        return statistics.median(
-            a / b for a, b in zip(self.series.rates, self.versus.rates, strict=True)
-        )
-
-    @property
-    def verdict(self) -> str:
-        if self.target is None or self.ratio is None:
-            return ""
-        return "PASS" if self.ratio >= self.target else "MISS"
-
-
-class Results:
-    def __init__(self) -> None:
-        self.series: dict[str, Series] = {}
-        self.rows: list[Row | str] = []  # a str is a section heading
-        self.commit_ms: list[float] = []  # commit probes, before and after each family
-
-    def add(self, key: str, label: str, rate: float) -> None:
-        self.series.setdefault(key, Series(key, label)).rates.append(rate)
-
-    def get(self, key: str) -> Series | None:
-        return self.series.get(key)
-
-
-# -- the server and its databases --------------------------------------------------------
-
-
-def with_database(dsn: str, name: str) -> str:
-    """The same server URL, pointing at database `name`."""
-    parts = urlsplit(dsn)
-    return urlunsplit(parts._replace(path="/" + name))
-
-
-class Server:
-    """The server under test; creates one fresh database per scenario family."""
-
-    def __init__(self, dsn: str, description: str) -> None:
-        self.dsn = dsn
-        self.description = description
-        self.databases: list[str] = []
-
-    async def new_database(self, family: str) -> str:
-        name = f"sb_bench_{family}_{os.getpid()}"
-        conn = await asyncpg.connect(self.dsn)
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            await conn.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            await conn.close()
-        self.databases.append(name)
-        return with_database(self.dsn, name)
-
-    async def new_switchboard_database(self, family: str) -> str:
-        dsn = await self.new_database(family)
-        conn = await asyncpg.connect(dsn)
-        try:
-            await apply_migrations(conn)
-            await check_durable(conn)
-            await check_parameters(conn)
-        finally:
-            await conn.close()
-        return dsn
-
-    async def drop_all(self) -> None:
-        if not self.databases:
-            return
-        conn = await asyncpg.connect(self.dsn)
-        try:
-            while self.databases:
-                name = self.databases.pop()
-                await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await conn.close()
-
-
-SETTINGS = ("fsync", "synchronous_commit", "full_page_writes", "wal_sync_method",
-            "shared_buffers", "max_connections")
-
-
-async def server_settings(dsn: str) -> dict[str, str]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        found = {"version": await conn.fetchval("SHOW server_version")}
-        for name in SETTINGS:
-            found[name] = await conn.fetchval(f"SHOW {name}")
-        await check_durable(conn)
-        return found
-    finally:
-        await conn.close()
-
-
-async def check_durable(conn: asyncpg.Connection) -> None:
-    """Refuse to measure with commits that are not flushed to disk."""
-    fsync = await conn.fetchval("SHOW fsync")
-    sync = await conn.fetchval("SHOW synchronous_commit")
-    if fsync != "on" or sync == "off":
-        raise SystemExit(
-            f"refusing to benchmark a non-durable server: fsync={fsync}, "
-            f"synchronous_commit={sync} (both must stay at their default, on)"
-        )
 
 
 async def check_parameters(conn: asyncpg.Connection) -> None:
@@ -223,129 +93,30 @@ async def check_parameters(conn: asyncpg.Connection) -> None:
             )
 
 
-async def commit_probe(conn: asyncpg.Connection, results: Results, count: int = 50) -> None:
-    """How long a one-row INSERT and its commit take right now (median, ms).
-
-    Shown in the header: on a shared machine, a slow disk or a busy CPU shows up here
-    first, and says how far to trust the run.
-    """
-    await conn.execute("CREATE TABLE IF NOT EXISTS bench_commit_probe (at timestamptz)")
-    times = []
-    for _ in range(count):
-        start = time.perf_counter()
-        await conn.execute("INSERT INTO bench_commit_probe VALUES (now())")
-        times.append(time.perf_counter() - start)
-    await conn.execute("TRUNCATE bench_commit_probe")
-    results.commit_ms.append(statistics.median(times) * 1000)
-
-
-async def checkpoint(conn: asyncpg.Connection) -> None:
-    """Start every measurement right after a checkpoint (same full-page-write state)."""
-    with contextlib.suppress(asyncpg.InsufficientPrivilegeError):
-        await conn.execute("CHECKPOINT")
-
-
-# -- filling the queue -------------------------------------------------------------------
-
-
 def raw_columns(ids, numbers, keys) -> tuple:
     """create_todos' 11 array arguments for plain asyncpg (jsonb passed as JSON text)."""
     n = len(ids)
     return (
-        ids, [QUEUE] * n, ["bench"] * n, ["bench"] * n, [f"todo {i}" for i in numbers],
-        [f'{{"n": {i}}}' for i in numbers], keys, [None] * n, [5] * n, [None] * n, [0] * n,
+        ids,
+        [QUEUE] * n,
+        ["bench"] * n,
+        ["bench"] * n,
+        [f"todo {i}" for i in numbers],
+        [f'{{"n": {i}}}' for i in numbers],
+        keys,
+        [None] * n,
+        [5] * n,
+        [None] * n,
+        [0] * n,
     )
 
 
-async def reset(admin: asyncpg.Connection) -> None:
-    """Empty the tables, then add SEED_DONE finished todos and their history."""
-    await admin.execute("TRUNCATE todos, todo_history, events")
-    await admin.execute(
-        """WITH made AS (
-               INSERT INTO todos (id, queue, title, state, owner, attempt, lease_token,
-                                  created_at, claimed_at, completed_at)
-               SELECT 'td_seed_' || g, $2, 'seed ' || g, 'done', 'seed', 1, 1,
-                      now() - interval '1 hour', now() - interval '1 hour',
-                      now() - interval '1 hour'
-               FROM generate_series(1, $1) AS g
-               RETURNING id
-           )
-           INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
-           SELECT id, 'claimed', 'done', 'seed', 1, 'completed' FROM made""",
-        SEED_DONE, QUEUE,
-    )
-
-
-async def fill(admin: asyncpg.Connection, n: int) -> None:
-    """Reset, enqueue n pending todos, vacuum, analyze and checkpoint."""
-    await reset(admin)
+async def enqueue_pending(admin: asyncpg.Connection, n: int) -> None:
+    """n pending todos through create_todos, FILL_CHUNK at a time (the fill)."""
     for start in range(0, n, FILL_CHUNK):
         numbers = range(start, min(n, start + FILL_CHUNK))
         ids = [f"td_{uuid.uuid4()}" for _ in numbers]
         await admin.execute(CREATE, *raw_columns(ids, numbers, [None] * len(ids)), "bench")
-    await settle(admin)
-
-
-async def settle(admin: asyncpg.Connection) -> None:
-    await admin.execute("VACUUM ANALYZE todos, todo_history, events")
-    await checkpoint(admin)
-
-
-async def count_states(admin: asyncpg.Connection) -> dict[str, int]:
-    rows = await admin.fetch("SELECT state::text, count(*) FROM todos GROUP BY state")
-    return {r[0]: r[1] for r in rows}
-
-
-async def expect_states(admin: asyncpg.Connection, expected: dict[str, int], what: str) -> None:
-    found = await count_states(admin)
-    if found != expected:
-        raise RuntimeError(f"{what}: expected {expected}, the table holds {found}")
-
-
-# -- connections and timing --------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def connections(dsn: str, n: int, *, codec: bool):
-    """n connections: plain asyncpg (codec=False) or the app's (jsonb as Python objects).
-
-    Both run with the app's server settings (generic plans), so the baseline differs from
-    the store only in what Python does around the same statements."""
-    opened: list[asyncpg.Connection] = []
-    try:
-        for _ in range(n):
-            opened.append(await (dbmod.connect(dsn) if codec else
-                                 asyncpg.connect(dsn, server_settings=dbmod.SERVER_SETTINGS)))
-        yield opened
-    finally:
-        for conn in opened:
-            await conn.close()
-
-
-@contextlib.asynccontextmanager
-async def stores(dsn: str, n: int, *, pool: bool):
-    """n Stores, each on its own connection, or all on one pool of n connections."""
-    if pool:
-        shared = await dbmod.create_pool(dsn, min_size=n, max_size=n)
-        try:
-            yield [Store(shared) for _ in range(n)]
-        finally:
-            await shared.close()
-    else:
-        async with connections(dsn, n, codec=True) as conns:
-            yield [Store(c) for c in conns]
-
-
-async def timed(jobs: list[Awaitable[int]]) -> tuple[float, int]:
-    """Run the jobs concurrently; seconds taken and the sum of what they return."""
-    start = time.perf_counter()
-    async with asyncio.TaskGroup() as group:
-        tasks = [group.create_task(job) for job in jobs]
-    elapsed = time.perf_counter() - start
-    return elapsed, sum(t.result() for t in tasks)
-
-
-# -- workers: the bare SQL loop ----------------------------------------------------------
 
 
 async def baseline_claim_complete(conn: asyncpg.Connection, owner: str) -> int:
@@ -367,8 +138,7 @@ async def baseline_claim_complete(conn: asyncpg.Connection, owner: str) -> int:
 
 async def baseline_enqueue_one(conn: asyncpg.Connection, items: list[tuple]) -> int:
     for number, key in items:
-        await conn.fetch(CREATE, *raw_columns([f"td_{uuid.uuid4()}"], [number], [key]),
-                         "producer")
+        await conn.fetch(CREATE, *raw_columns([f"td_{uuid.uuid4()}"], [number], [key]), "producer")
     return len(items)
 
 
@@ -380,6 +150,134 @@ async def baseline_enqueue_batches(conn: asyncpg.Connection, batches: list[list[
         keys = [key for _, key in batch]
         total += len(await conn.fetch(CREATE, *raw_columns(ids, numbers, keys), "producer"))
     return total
+
+
+# == end of the baseline statements =======================================================
+
+
+# -- results -----------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    series: Series
+    versus: Series | None = None
+    target: float | None = None  # minimum ratio series/versus
+    target_text: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        """The median of the per-run ratios: each run's two variants ran back to back."""
+        if self.versus is None:
+            return None
+        return statistics.median(a / b for a, b in zip(self.series.rates, self.versus.rates, strict=True))
+
+    @property
+    def verdict(self) -> str:
+        if self.target is None or self.ratio is None:
+            return ""
+        return "PASS" if self.ratio >= self.target else "MISS"
+
+
+class Results:
+    def __init__(self) -> None:
+        self.series: dict[str, Series] = {}
+        self.rows: list[Row | str] = []  # a str is a section heading
+        self.commit_ms: list[float] = []  # commit probes, before and after each family
+
+    def add(self, key: str, label: str, rate: float) -> None:
+        self.series.setdefault(key, Series(key, label)).rates.append(rate)
+
+    def get(self, key: str) -> Series | None:
+        return self.series.get(key)
+
+
+# -- the server's commit latency -------------------------------------------------------
+
+
+async def commit_probe(conn: asyncpg.Connection, results: Results, count: int = 50) -> None:
+    """How long a one-row INSERT and its commit take right now (median, ms).
+
+    Shown in the header: on a shared machine, a slow disk or a busy CPU shows up here
+    first, and says how far to trust the run.
+    """
+    await conn.execute("CREATE TABLE IF NOT EXISTS bench_commit_probe (at timestamptz)")
+    times = []
+    for _ in range(count):
+        start = time.perf_counter()
+        await conn.execute("INSERT INTO bench_commit_probe VALUES (now())")
+        times.append(time.perf_counter() - start)
+    await conn.execute("TRUNCATE bench_commit_probe")
+    results.commit_ms.append(statistics.median(times) * 1000)
+
+
+# -- filling the queue -------------------------------------------------------------------
+
+
+async def reset(admin: asyncpg.Connection) -> None:
+    """Empty the tables, then add SEED_DONE finished todos and their history."""
+    await admin.execute("TRUNCATE todos, todo_history, events")
+    await admin.execute(
+        """WITH made AS (
+               INSERT INTO todos (id, queue, title, state, owner, attempt, lease_token,
+                                  created_at, claimed_at, completed_at)
+               SELECT 'td_seed_' || g, $2, 'seed ' || g, 'done', 'seed', 1, 1,
+                      now() - interval '1 hour', now() - interval '1 hour',
+                      now() - interval '1 hour'
+               FROM generate_series(1, $1) AS g
+               RETURNING id
+           )
+           INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
+           SELECT id, 'claimed', 'done', 'seed', 1, 'completed' FROM made""",
+        SEED_DONE,
+        QUEUE,
+    )
+
+
+async def fill(admin: asyncpg.Connection, n: int) -> None:
+    """Reset, enqueue n pending todos, vacuum, analyze and checkpoint."""
+    await reset(admin)
+    await enqueue_pending(admin, n)
+    await harness.settle(admin)
+
+
+# -- connections and timing --------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def connections(dsn: str, n: int, *, codec: bool):
+    """n connections: plain asyncpg (codec=False) or the app's (jsonb as Python objects).
+
+    Both run with the app's server settings (generic plans), so the baseline differs from
+    the store only in what Python does around the same statements."""
+    opened: list[asyncpg.Connection] = []
+    try:
+        for _ in range(n):
+            opened.append(
+                await (
+                    dbmod.connect(dsn)
+                    if codec
+                    else asyncpg.connect(dsn, server_settings=dbmod.SERVER_SETTINGS)
+                )
+            )
+        yield opened
+    finally:
+        for conn in opened:
+            await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def stores(dsn: str, n: int, *, pool: bool):
+    """n Stores, each on its own connection, or all on one pool of n connections."""
+    if pool:
+        shared = await dbmod.create_pool(dsn, min_size=n, max_size=n)
+        try:
+            yield [Store(shared) for _ in range(n)]
+        finally:
+            await shared.close()
+    else:
+        async with connections(dsn, n, codec=True) as conns:
+            yield [Store(c) for c in conns]
 
 
 # -- workers: the store ------------------------------------------------------------------
@@ -397,9 +295,7 @@ async def store_complete_and_claim_next(store: Store, owner: str) -> int:
     done = 0
     todo = await store.claim_next([QUEUE], owner, TTL)
     while todo is not None:
-        _, todo = await store.complete_and_claim_next(
-            todo.id, owner, todo.lease_token, None, [QUEUE], TTL
-        )
+        _, todo = await store.complete_and_claim_next(todo.id, owner, todo.lease_token, None, [QUEUE], TTL)
         done += 1
     return done
 
@@ -428,12 +324,6 @@ async def store_enqueue_batches(store: Store, batches: list[list[NewTodo]]) -> i
 # -- scenario families -------------------------------------------------------------------
 
 
-def rotated(variants: list, rep: int) -> list:
-    """The variants in a different order each repetition."""
-    k = rep % len(variants)
-    return variants[k:] + variants[:k]
-
-
 def rate_line(label: str, n: int, seconds: float) -> float:
     rate = n / seconds
     log(f"  {label:<58} {rate:>9,.0f} todos/s  ({n} in {seconds:.2f} s)")
@@ -442,7 +332,7 @@ def rate_line(label: str, n: int, seconds: float) -> float:
 
 async def family_claim(server: Server, args, results: Results) -> None:
     """claim+complete of pre-enqueued todos: baseline, Store, complete_and_claim_next."""
-    dsn = await server.new_switchboard_database("claim")
+    dsn = await server.new_database("claim", check=check_parameters)
     n = args.todos
     admin = await asyncpg.connect(dsn)
 
@@ -453,16 +343,14 @@ async def family_claim(server: Server, args, results: Results) -> None:
                     return await timed([worker(c, f"w{i}") for i, c in enumerate(conns)])
             async with stores(dsn, workers, pool=pooled) as ss:
                 return await timed([worker(s, f"w{i}") for i, s in enumerate(ss)])
+
         return run
 
     await commit_probe(admin, results)
     variants = [
-        ("base", "baseline SQL loop: claim, complete",
-         consume(baseline_claim_complete, None)),
-        ("store", "Store.claim_next + Store.complete",
-         consume(store_claim_complete, args.pool)),
-        ("cacn", "Store.complete_and_claim_next",
-         consume(store_complete_and_claim_next, args.pool)),
+        ("base", "baseline SQL loop: claim, complete", consume(baseline_claim_complete, None)),
+        ("store", "Store.claim_next + Store.complete", consume(store_claim_complete, args.pool)),
+        ("cacn", "Store.complete_and_claim_next", consume(store_complete_and_claim_next, args.pool)),
     ]
     try:
         for rep in range(args.runs):
@@ -473,7 +361,7 @@ async def family_claim(server: Server, args, results: Results) -> None:
                     seconds, done = await run(workers)
                     if done != n:
                         raise RuntimeError(f"{label}: processed {done} of {n}")
-                    await expect_states(admin, {"done": n + SEED_DONE}, label)
+                    await harness.expect_states(admin, {"done": n + SEED_DONE}, label)
                     full = f"{label}, {workers} worker{'s' if workers > 1 else ''}"
                     results.add(f"{key}@{workers}", full, rate_line(full, n, seconds))
         await commit_probe(admin, results)
@@ -491,22 +379,20 @@ async def family_batch(server: Server, args, results: Results) -> None:
     logging.getLogger("pgqueuer").setLevel(logging.WARNING)
     workers = 4
     n = args.batched_todos
-    dsn = await server.new_switchboard_database("batch")
-    pgq_dsn = await server.new_database("pgqueuer")
+    dsn = await server.new_database("batch", check=check_parameters)
+    pgq_dsn = await server.new_empty_database("pgqueuer")
     admin = await asyncpg.connect(dsn)
     pgq_admin = await asyncpg.connect(pgq_dsn)
     try:
         await install_pgqueuer(pgq_admin)
-        await check_durable(pgq_admin)
+        await harness.check_durable(pgq_admin)
         await commit_probe(admin, results)
 
         async def ours() -> tuple[float, int]:
             await fill(admin, n)
             async with stores(dsn, workers, pool=args.pool) as ss:
-                seconds, done = await timed(
-                    [store_batches(s, f"w{i}") for i, s in enumerate(ss)]
-                )
-            await expect_states(admin, {"done": n + SEED_DONE}, "claim_batch + complete_many")
+                seconds, done = await timed([store_batches(s, f"w{i}") for i, s in enumerate(ss)])
+            await harness.expect_states(admin, {"done": n + SEED_DONE}, "claim_batch + complete_many")
             return seconds, done
 
         async def theirs() -> tuple[float, int]:
@@ -514,8 +400,7 @@ async def family_batch(server: Server, args, results: Results) -> None:
 
         variants = [
             ("batch", f"Store.claim_batch({BATCH_CLAIM}) + complete_many, 4 workers", ours),
-            ("pgq", f"PgQueuer {pgqueuer_version()} QueueManager, batch {BATCH_CLAIM}, "
-                    "4 workers", theirs),
+            ("pgq", f"PgQueuer {pgqueuer_version()} QueueManager, batch {BATCH_CLAIM}, 4 workers", theirs),
         ]
         for rep in range(args.runs):
             log(f"[batch] run {rep + 1}/{args.runs}")
@@ -541,8 +426,7 @@ async def install_pgqueuer(conn: asyncpg.Connection) -> None:
     """PgQueuer's own installer (what `pgq install` runs), default (durable) settings."""
     from pgqueuer import Queries
 
-    queries = Queries.from_asyncpg_connection(conn)
-    await queries.install()
+    await Queries.from_asyncpg_connection(conn).install()
 
 
 async def run_pgqueuer(dsn: str, admin: asyncpg.Connection, n: int, workers: int):
@@ -559,18 +443,17 @@ async def run_pgqueuer(dsn: str, admin: asyncpg.Connection, n: int, workers: int
 
     settings = Queries.from_asyncpg_connection(admin).qbe.settings
     table = settings.queue_table
-    await admin.execute(
-        f"TRUNCATE {table}, {settings.queue_table_log}, {settings.statistics_table}"
-    )
+    await admin.execute(f"TRUNCATE {table}, {settings.queue_table_log}, {settings.statistics_table}")
     filler = Queries.from_asyncpg_connection(admin)
     for start in range(0, n, FILL_CHUNK):
         size = min(FILL_CHUNK, n - start)
         await filler.enqueue(
-            [QUEUE] * size, [f'{{"n": {i}}}'.encode() for i in range(start, start + size)],
+            [QUEUE] * size,
+            [f'{{"n": {i}}}'.encode() for i in range(start, start + size)],
             [0] * size,
         )
     await admin.execute(f"VACUUM ANALYZE {table}, {settings.queue_table_log}")
-    await checkpoint(admin)
+    await harness.checkpoint(admin)
 
     ran = 0
     all_ran = asyncio.Event()
@@ -578,6 +461,7 @@ async def run_pgqueuer(dsn: str, admin: asyncpg.Connection, n: int, workers: int
     async with connections(dsn, workers, codec=False) as conns:
         managers = [QueueManager(Queries.from_asyncpg_connection(c)) for c in conns]
         for qm in managers:
+
             @qm.entrypoint(QUEUE)
             async def noop(job) -> None:
                 nonlocal ran
@@ -593,10 +477,13 @@ async def run_pgqueuer(dsn: str, admin: asyncpg.Connection, n: int, workers: int
             await admin.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
             tasks = [asyncio.create_task(qm.run(batch_size=BATCH_CLAIM)) for qm in managers]
             deadline = time.monotonic() + 30
-            while await admin.fetchval(
-                "SELECT count(DISTINCT pid) FROM pg_locks WHERE NOT granted AND pid = ANY($1)",
-                pids,
-            ) < workers:
+            while (
+                await admin.fetchval(
+                    "SELECT count(DISTINCT pid) FROM pg_locks WHERE NOT granted AND pid = ANY($1)",
+                    pids,
+                )
+                < workers
+            ):
                 if time.monotonic() > deadline or any(t.done() for t in tasks):
                     raise RuntimeError("PgQueuer workers did not reach their first dequeue")
                 await asyncio.sleep(0.005)
@@ -626,45 +513,59 @@ async def run_pgqueuer(dsn: str, admin: asyncpg.Connection, n: int, workers: int
 
 async def family_enqueue(server: Server, args, results: Results) -> None:
     """Enqueue one at a time and in batches of 100 (4 producers); NOTIFY trigger cost."""
-    dsn = await server.new_switchboard_database("enqueue")
+    dsn = await server.new_database("enqueue", check=check_parameters)
     admin = await asyncpg.connect(dsn)
     total = max(args.todos, args.batched_todos)
     raw = [(i, f"key-{i:08d}") for i in range(total)]
     items = [
-        NewTodo(queue=QUEUE, title=f"todo {i}", kind="bench", source="bench",
-                payload={"n": i}, idempotency_key=key)
+        NewTodo(
+            queue=QUEUE,
+            title=f"todo {i}",
+            kind="bench",
+            source="bench",
+            payload={"n": i},
+            idempotency_key=key,
+        )
         for i, key in raw
     ]
-    one_raw, one_items = raw[:args.todos], items[:args.todos]
-    many_raw, many_items = raw[:args.batched_todos], items[:args.batched_todos]
+    one_raw, one_items = raw[: args.todos], items[: args.todos]
+    many_raw, many_items = raw[: args.batched_todos], items[: args.batched_todos]
 
     def split(seq: list) -> list[list]:
         return [seq[p::PRODUCERS] for p in range(PRODUCERS)]
 
     def chunks(seq: list) -> list[list]:
-        return [seq[i:i + ENQUEUE_BATCH] for i in range(0, len(seq), ENQUEUE_BATCH)]
+        return [seq[i : i + ENQUEUE_BATCH] for i in range(0, len(seq), ENQUEUE_BATCH)]
 
     async def base_one():
         async with connections(dsn, PRODUCERS, codec=False) as conns:
-            return await timed([baseline_enqueue_one(c, part)
-                                for c, part in zip(conns, split(one_raw), strict=True)])
+            return await timed(
+                [baseline_enqueue_one(c, part) for c, part in zip(conns, split(one_raw), strict=True)]
+            )
 
     async def store_one():
         async with stores(dsn, PRODUCERS, pool=args.pool) as ss:
-            return await timed([store_enqueue_one(s, part)
-                                for s, part in zip(ss, split(one_items), strict=True)])
+            return await timed(
+                [store_enqueue_one(s, part) for s, part in zip(ss, split(one_items), strict=True)]
+            )
 
     async def base_many():
         async with connections(dsn, PRODUCERS, codec=False) as conns:
-            return await timed([baseline_enqueue_batches(c, part)
-                                for c, part in zip(conns, split(chunks(many_raw)),
-                                                   strict=True)])
+            return await timed(
+                [
+                    baseline_enqueue_batches(c, part)
+                    for c, part in zip(conns, split(chunks(many_raw)), strict=True)
+                ]
+            )
 
     async def store_many():
         async with stores(dsn, PRODUCERS, pool=args.pool) as ss:
-            return await timed([store_enqueue_batches(s, part)
-                                for s, part in zip(ss, split(chunks(many_items)),
-                                                   strict=True)])
+            return await timed(
+                [
+                    store_enqueue_batches(s, part)
+                    for s, part in zip(ss, split(chunks(many_items)), strict=True)
+                ]
+            )
 
     async def store_many_untriggered():
         await admin.execute("ALTER TABLE todos DISABLE TRIGGER todos_notify_insert")
@@ -676,14 +577,26 @@ async def family_enqueue(server: Server, args, results: Results) -> None:
             await admin.execute("ALTER TABLE todos ENABLE TRIGGER todos_notify_update")
 
     groups = [
-        [("enq1_base", "baseline SQL loop: create_todos with 1 item, 4 producers", base_one),
-         ("enq1_store", "Store.create, 4 producers", store_one)],
-        [("enqN_base", f"baseline SQL loop: create_todos with {ENQUEUE_BATCH} items, "
-                       "4 producers", base_many),
-         ("enqN_store", f"Store.create_many({ENQUEUE_BATCH}), 4 producers", store_many)],
-        [("trig_on", f"Store.create_many({ENQUEUE_BATCH}), NOTIFY triggers on", store_many),
-         ("trig_off", f"Store.create_many({ENQUEUE_BATCH}), NOTIFY triggers disabled",
-          store_many_untriggered)],
+        [
+            ("enq1_base", "baseline SQL loop: create_todos with 1 item, 4 producers", base_one),
+            ("enq1_store", "Store.create, 4 producers", store_one),
+        ],
+        [
+            (
+                "enqN_base",
+                f"baseline SQL loop: create_todos with {ENQUEUE_BATCH} items, 4 producers",
+                base_many,
+            ),
+            ("enqN_store", f"Store.create_many({ENQUEUE_BATCH}), 4 producers", store_many),
+        ],
+        [
+            ("trig_on", f"Store.create_many({ENQUEUE_BATCH}), NOTIFY triggers on", store_many),
+            (
+                "trig_off",
+                f"Store.create_many({ENQUEUE_BATCH}), NOTIFY triggers disabled",
+                store_many_untriggered,
+            ),
+        ],
     ]
     try:
         await commit_probe(admin, results)
@@ -693,15 +606,14 @@ async def family_enqueue(server: Server, args, results: Results) -> None:
                 for key, label, run in rotated(group, rep):
                     n = args.todos if key.startswith("enq1") else args.batched_todos
                     await reset(admin)
-                    await settle(admin)
+                    await harness.settle(admin)
                     seconds, made = await run()
                     if made != n:
                         raise RuntimeError(f"{label}: enqueued {made} of {n}")
-                    await expect_states(admin, {"pending": n, "done": SEED_DONE}, label)
+                    await harness.expect_states(admin, {"pending": n, "done": SEED_DONE}, label)
                     results.add(key, label, rate_line(label, n, seconds))
         enabled = await admin.fetch(
-            "SELECT tgname, tgenabled FROM pg_trigger WHERE tgrelid = 'todos'::regclass "
-            "AND NOT tgisinternal"
+            "SELECT tgname, tgenabled FROM pg_trigger WHERE tgrelid = 'todos'::regclass AND NOT tgisinternal"
         )
         if any(r["tgenabled"] == "D" for r in enabled):
             raise RuntimeError("a NOTIFY trigger was left disabled")
@@ -746,37 +658,26 @@ def build_rows(results: Results) -> None:
 
 
 def render(results: Results, header: list[str]) -> str:
-    table = [("scenario", "todos/s", "spread", "ratio", "vs", "target", "result")]
+    rows: list[tuple[str, ...]] = [("scenario", "todos/s", "spread", "ratio", "vs", "target", "result")]
     names = {}
     for r in results.rows:
         if isinstance(r, Row):
             names[r.series.key] = short_name(r.series.key)
     for r in results.rows:
         if isinstance(r, str):
-            table.append((r,))
+            rows.append((r,))
             continue
-        table.append((
-            r.series.label,
-            f"{r.series.median:,.0f}",
-            f"±{r.series.spread * 50:.0f}%" if len(r.series.rates) > 1 else "",
-            "" if r.ratio is None else f"{r.ratio:.2f}×",
-            "" if r.versus is None else names.get(r.versus.key, r.versus.key),
-            r.target_text,
-            r.verdict,
-        ))
-    full = [t for t in table if len(t) > 1]
-    widths = [max(len(t[i]) for t in full) for i in range(len(full[0]))]
-    right = {1, 2, 3}
-    lines = [*header, ""]
-    for t in table:
-        if len(t) == 1:
-            lines.append("")
-            lines.append(t[0])
-            continue
-        cells = [c.rjust(w) if i in right else c.ljust(w)
-                 for i, (c, w) in enumerate(zip(t, widths, strict=True))]
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines)
+        rows.append(
+            (
+                r.series.label,
+                *r.series.rate_cells(),
+                "" if r.ratio is None else f"{r.ratio:.2f}×",
+                "" if r.versus is None else names.get(r.versus.key, r.versus.key),
+                r.target_text,
+                r.verdict,
+            )
+        )
+    return "\n".join([*header, "", *table(rows, {1, 2, 3})])
 
 
 def probe_range(values: list[float]) -> str:
@@ -789,10 +690,17 @@ def probe_range(values: list[float]) -> str:
 def short_name(key: str) -> str:
     base, _, workers = key.partition("@")
     names = {
-        "base": "baseline", "store": "claim_next+complete", "cacn": "complete_and_claim",
-        "pgq": "PgQueuer", "batch": "claim_batch", "enq1_base": "baseline 1/call",
-        "enq1_store": "Store.create", "enqN_base": "baseline 100/call",
-        "enqN_store": "create_many", "trig_on": "triggers on", "trig_off": "triggers off",
+        "base": "baseline",
+        "store": "claim_next+complete",
+        "cacn": "complete_and_claim",
+        "pgq": "PgQueuer",
+        "batch": "claim_batch",
+        "enq1_base": "baseline 1/call",
+        "enq1_store": "Store.create",
+        "enqN_base": "baseline 100/call",
+        "enqN_store": "create_many",
+        "trig_on": "triggers on",
+        "trig_off": "triggers off",
     }
     name = names.get(base, base)
     return f"{name} @{workers}" if workers else name
@@ -804,15 +712,12 @@ def short_name(key: str) -> str:
 FAMILIES = {"claim": family_claim, "batch": family_batch, "enqueue": family_enqueue}
 
 
-async def run_all(server: Server, args) -> tuple[str, dict, bool]:
-    loop = asyncio.get_running_loop()
-    main_task = asyncio.current_task()
-    loop.add_signal_handler(signal.SIGTERM, main_task.cancel)
+async def run_all(server: Server, args, _tmp: Path) -> int:
     results = Results()
     started = time.perf_counter()
     load_before = os.getloadavg()
     try:
-        settings = await server_settings(server.dsn)
+        settings = await harness.server_settings(server.dsn)
         for name in args.only or list(FAMILIES):
             await FAMILIES[name](server, args, results)
     finally:
@@ -820,9 +725,7 @@ async def run_all(server: Server, args) -> tuple[str, dict, bool]:
     build_rows(results)
     header = [
         f"switchboard queue throughput — PostgreSQL {settings['version']} ({server.description})",
-        "fsync={fsync}  synchronous_commit={synchronous_commit}  "
-        "full_page_writes={full_page_writes}  wal_sync_method={wal_sync_method}  "
-        "shared_buffers={shared_buffers}".format(**settings),
+        harness.settings_line(settings, harness.SHOWN_SETTINGS),
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, asyncpg "
         f"{asyncpg.__version__}, pgqueuer {pgqueuer_version()}, "
         f"{'uvloop' if args.uvloop else 'asyncio'} loop, "
@@ -836,35 +739,61 @@ async def run_all(server: Server, args) -> tuple[str, dict, bool]:
         "before and after each family)",
     ]
     dump = {
-        "settings": settings, "server": server.description, "todos": args.todos,
-        "batched_todos": args.batched_todos, "runs": args.runs,
+        "settings": settings,
+        "server": server.description,
+        "todos": args.todos,
+        "batched_todos": args.batched_todos,
+        "runs": args.runs,
         "commit_ms": results.commit_ms,
-        "series": {k: {"label": v.label, "rates": v.rates, "median": v.median}
-                   for k, v in results.series.items()},
+        "series": {
+            k: {"label": v.label, "rates": v.rates, "median": v.median} for k, v in results.series.items()
+        },
         "rows": [
-            {"key": r.series.key, "versus": r.versus.key if r.versus else None,
-             "ratio": r.ratio, "target": r.target, "result": r.verdict}
-            for r in results.rows if isinstance(r, Row)
+            {
+                "key": r.series.key,
+                "versus": r.versus.key if r.versus else None,
+                "ratio": r.ratio,
+                "target": r.target,
+                "result": r.verdict,
+            }
+            for r in results.rows
+            if isinstance(r, Row)
         ],
     }
+    return report(results, header, dump, args)
+
+
+def report(results: Results, header: list[str], dump: dict, args) -> int:
+    """Print the table, write the JSON if asked; the exit status."""
+    print(render(results, header), flush=True)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(dump, indent=2))
     missed = any(isinstance(r, Row) and r.verdict == "MISS" for r in results.rows)
-    return render(results, header), dump, missed
+    return 1 if (missed and args.strict) else 0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, help="repetitions of every measurement (3)")
     parser.add_argument("--todos", type=int, help="todos per measurement (5000)")
-    parser.add_argument("--batched-todos", type=int, metavar="N",
-                        help="todos per measurement in the batched scenarios (claim_batch "
-                             "vs PgQueuer, batched enqueue); default 10 x --todos, since "
-                             "5,000 todos in batches take well under a second")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 400 todos, 1 run (unless given otherwise)")
-    parser.add_argument("--only", action="append", choices=list(FAMILIES),
-                        help="run only this scenario family (repeatable)")
-    parser.add_argument("--pool", action="store_true",
-                        help="Store on one shared pool instead of one connection per worker")
+    parser.add_argument(
+        "--batched-todos",
+        type=int,
+        metavar="N",
+        help="todos per measurement in the batched scenarios (claim_batch "
+        "vs PgQueuer, batched enqueue); default 10 x --todos, since "
+        "5,000 todos in batches take well under a second",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: 400 todos, 1 run (unless given otherwise)"
+    )
+    parser.add_argument(
+        "--only", action="append", choices=list(FAMILIES), help="run only this scenario family (repeatable)"
+    )
+    parser.add_argument(
+        "--pool", action="store_true", help="Store on one shared pool instead of one connection per worker"
+    )
     parser.add_argument("--uvloop", action="store_true", help="run on uvloop")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
@@ -873,53 +802,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.todos = args.todos or (400 if args.quick else 5000)
     args.batched_todos = args.batched_todos or 10 * args.todos
     if args.runs < 1 or min(args.todos, args.batched_todos) < ENQUEUE_BATCH:
-        parser.error(f"--runs must be at least 1, and --todos and --batched-todos at least "
-                     f"{ENQUEUE_BATCH}")
+        parser.error(f"--runs must be at least 1, and --todos and --batched-todos at least {ENQUEUE_BATCH}")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.getLogger("pgqueuer").setLevel(logging.WARNING)
-    url = os.environ.get("DATABASE_URL")
-    embedded, tmp = None, None
-    if url:
-        dbmod.check_url(url)
-        parts = urlsplit(url)
-        server = Server(url, f"DATABASE_URL {parts.hostname or 'socket'}:{parts.port or 5432}")
-    else:
-        tmp = Path(tempfile.mkdtemp(prefix="sb-bench-"))
-        log(f"starting the embedded server in {tmp}")
-        embedded = dbmod.start_embedded(tmp / "pgdata")
-        server = Server(embedded.get_uri(), "embedded, temporary data dir")
-    runner = asyncio.Runner(loop_factory=_loop_factory(args.uvloop))
-    try:
-        with runner:
-            try:
-                text, dump, missed = runner.run(run_all(server, args))
-            except (KeyboardInterrupt, asyncio.CancelledError) as exc:
-                log("interrupted: the benchmark databases were dropped")
-                return 130 if isinstance(exc, KeyboardInterrupt) else 143
-        print(text, flush=True)
-        if args.json:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(dump, indent=2))
-        return 1 if (missed and args.strict) else 0
-    finally:
-        dbmod.release_embedded(embedded)
-        if tmp is not None:
-            if (tmp / "pgdata" / "postmaster.pid").exists():
-                log(f"the embedded server in {tmp} did not stop; its data dir is left there")
-            else:
-                shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _loop_factory(use_uvloop: bool):
-    if not use_uvloop:
-        return None
-    import uvloop
-
-    return uvloop.new_event_loop
+    return harness.run_on_server("sb-bench-", run_all, args, use_uvloop=args.uvloop)
 
 
 if __name__ == "__main__":
