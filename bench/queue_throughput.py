@@ -70,45 +70,45 @@ SEED_DONE = 10_000
 # The only code in this file that uses dashboard's SQL text, and all of it: the baseline
 # loop, and the fill before every measurement, drive the store's own statements
 # (dashboard.queries.TRANSITIONS, from sql/queries/transitions.sql) straight through
-# asyncpg, with the positional arguments dashboard/store.py passes them today (the last
-# one of complete_and_claim is the token scope, None for a worker without one).
-# check_parameters stops the run when their parameter counts change, instead of timing a
-# wrong call. When the statements are renamed or take other parameters, adapt this
-# section, and only it, to pass what dashboard/store.py passes.
+# asyncpg, with the values dashboard/store.py passes them (scope None: a worker without
+# a token). Statement.args maps the names to positions and refuses a name the statement
+# does not take, so check_parameters stops the run before timing a wrong call. When the
+# statements are renamed or take other parameters, adapt this section, and only it.
 
 SQL = queries.TRANSITIONS
-CAC = SQL["complete_and_claim"]
-CREATE = SQL["create_todos"]
-PARAMETERS = {"complete_and_claim": 8, "create_todos": 12}
+CLAIM, COMPLETE, CREATE = SQL.claim_batch, SQL.complete, SQL.create_todos
+
+
+def create_values(ids, numbers, keys, actor: str) -> dict:
+    """create_todos' values for plain asyncpg (payloads passed as JSON text)."""
+    n = len(ids)
+    return {
+        "ids": ids, "queues": [QUEUE] * n, "sources": ["bench"] * n, "kinds": ["bench"] * n,
+        "titles": [f"todo {i}" for i in numbers], "payloads": [f'{{"n": {i}}}' for i in numbers],
+        "idempotency_keys": keys, "assignees": [None] * n, "max_attempts": [5] * n,
+        "event_ids": [None] * n, "dedupe_hits": [0] * n, "actor": actor,
+    }
+
+
+def claim_values(owner: str) -> dict:
+    return {"queues": [QUEUE], "owner": owner, "ttl": TTL, "n": 1}
+
+
+def complete_values(todo_id: str, owner: str, lease: int) -> dict:
+    return {"id": todo_id, "owner": owner, "lease": lease, "result": None, "scope": None}
 
 
 async def check_parameters(conn: asyncpg.Connection) -> None:
-    for name, expected in PARAMETERS.items():
-        found = len((await conn.prepare(SQL[name])).get_parameters())
-        if found != expected:
-            raise SystemExit(
-                f"sql/queries/transitions.sql changed: {name} takes {found} parameters, the "
-                f"baseline loop in {Path(__file__).name} passes {expected}; update it to pass "
-                "what dashboard/store.py passes"
-            )
-
-
-def raw_columns(ids, numbers, keys) -> tuple:
-    """create_todos' 11 array arguments for plain asyncpg (jsonb passed as JSON text)."""
-    n = len(ids)
-    return (
-        ids,
-        [QUEUE] * n,
-        ["bench"] * n,
-        ["bench"] * n,
-        [f"todo {i}" for i in numbers],
-        [f'{{"n": {i}}}' for i in numbers],
-        keys,
-        [None] * n,
-        [5] * n,
-        [None] * n,
-        [0] * n,
-    )
+    """Every call below names exactly its statement's parameters (Statement.args raises)."""
+    try:
+        CLAIM.args(claim_values("check"))
+        COMPLETE.args(complete_values("td_check", "check", 1))
+        CREATE.args(create_values(["td_check"], [0], [None], "check"))
+    except TypeError as exc:
+        raise SystemExit(
+            f"sql/queries/transitions.sql changed ({exc}); update the baseline statements in "
+            f"{Path(__file__).name} to pass what dashboard/store.py passes"
+        ) from None
 
 
 async def enqueue_pending(admin: asyncpg.Connection, n: int) -> None:
@@ -116,20 +116,20 @@ async def enqueue_pending(admin: asyncpg.Connection, n: int) -> None:
     for start in range(0, n, FILL_CHUNK):
         numbers = range(start, min(n, start + FILL_CHUNK))
         ids = [f"td_{uuid.uuid4()}" for _ in numbers]
-        await admin.execute(CREATE, *raw_columns(ids, numbers, [None] * len(ids)), "bench")
+        await admin.execute(CREATE.sql, *CREATE.args(create_values(ids, numbers, [None] * len(ids), "bench")))
 
 
 async def baseline_claim_complete(conn: asyncpg.Connection, owner: str) -> int:
     """claim one, complete it; the store's two statements, straight through asyncpg."""
     done = 0
-    queues = [QUEUE]
+    claim_args = CLAIM.args(claim_values(owner))
     while True:
-        claimed = await conn.fetch(CAC, queues, owner, TTL, 1, [], [], [], None)
+        claimed = await conn.fetch(CLAIM.sql, *claim_args)
         if not claimed:
             return done
         todo = claimed[0]
         completed = await conn.fetch(
-            CAC, [], owner, 1.0, 0, [todo["id"]], [todo["lease_token"]], [None], None
+            COMPLETE.sql, *COMPLETE.args(complete_values(todo["id"], owner, todo["lease_token"]))
         )
         if len(completed) != 1:
             raise RuntimeError(f"baseline: completing {todo['id']} matched nothing")
@@ -138,7 +138,8 @@ async def baseline_claim_complete(conn: asyncpg.Connection, owner: str) -> int:
 
 async def baseline_enqueue_one(conn: asyncpg.Connection, items: list[tuple]) -> int:
     for number, key in items:
-        await conn.fetch(CREATE, *raw_columns([f"td_{uuid.uuid4()}"], [number], [key]), "producer")
+        values = create_values([f"td_{uuid.uuid4()}"], [number], [key], "producer")
+        await conn.fetch(CREATE.sql, *CREATE.args(values))
     return len(items)
 
 
@@ -148,7 +149,7 @@ async def baseline_enqueue_batches(conn: asyncpg.Connection, batches: list[list[
         ids = [f"td_{uuid.uuid4()}" for _ in batch]
         numbers = [number for number, _ in batch]
         keys = [key for _, key in batch]
-        total += len(await conn.fetch(CREATE, *raw_columns(ids, numbers, keys), "producer"))
+        total += len(await conn.fetch(CREATE.sql, *CREATE.args(create_values(ids, numbers, keys, "producer"))))
     return total
 
 
