@@ -1,15 +1,16 @@
 """Query-plan regressions for the hot statements, on a table big enough to matter.
 
 200,000 pending todos over 20 queues plus 50,000 claimed ones (half of them lapsed), then
-ANALYZE. The claim (`complete_and_claim`, which with nothing to complete is claim_next)
-and `reap` are planned both as custom plans (parameter values known) and as the generic
-plan that a prepared statement switches to (`plan_cache_mode = force_generic_plan`).
-Neither may read todos with a Seq Scan, or sort rows it read from todos.
+ANALYZE. The claim and ack statements and `reap` are planned both as custom plans
+(parameter values known) and as the generic plan that a prepared statement switches to
+(`plan_cache_mode = force_generic_plan`, what our pool connections use). None may read
+todos with a Seq Scan, or sort rows it read from todos. The list statements run with
+custom plans only (Reads plans them for each call's values), so they are checked so.
 
 The claim ends with `ORDER BY created_at` over the rows it just claimed (at most n, read
 from its own CTE): that Sort reads no table and is allowed.
 
-The generic plans are the ones that regress: the planner cannot see `LIMIT $4`, guesses
+The generic plans are the ones that regress: the planner cannot see `LIMIT :n`, guesses
 10% of the pending rows, and (as the claim once did, joining `FROM picked`) hash-joins the
 UPDATE against a Seq Scan of the whole table.
 """
@@ -22,7 +23,7 @@ import json
 import asyncpg
 import pytest
 
-from dashboard.queries import TRANSITIONS
+from dashboard.queries import READS, TRANSITIONS, Statement
 from tests.conftest import scratch_database
 
 QUEUES = [f"q{i:02d}" for i in range(20)]
@@ -67,18 +68,16 @@ async def big(big_db):
     await conn.close()
 
 
-async def explain(conn, statement: str, args: list[str], mode: str) -> dict:
-    """The plan of TRANSITIONS[statement] executed with literal `args`, under `mode`.
-
-    Parameters past the ones given (optional filters such as a token's queue scope) are
-    passed as NULL, their "not used" value.
+async def explain(conn, statement: Statement, values: dict[str, str], mode: str) -> dict:
+    """The plan of `statement` executed with the SQL literals `values` (by parameter name),
+    under `mode`. Parameters not given (optional filters such as a token's queue scope)
+    are passed as NULL, their "not used" value.
     """
-    sql = TRANSITIONS[statement]
-    count = len((await conn.prepare(sql)).get_parameters())
-    assert count >= len(args), f"{statement} takes {count} parameters, {len(args)} given"
-    literals = ", ".join(args + ["NULL"] * (count - len(args)))
+    unknown = set(values) - set(statement.params)
+    assert not unknown, f"{statement.name} takes no {unknown}"
+    literals = ", ".join(values.get(p, "NULL") for p in statement.params)
     await conn.execute(f"SET plan_cache_mode = {mode}")
-    await conn.execute(f"PREPARE plan_probe AS {sql}")
+    await conn.execute(f"PREPARE plan_probe AS {statement.sql}")
     try:
         text = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE plan_probe({literals})")
     finally:
@@ -97,13 +96,18 @@ def reads_todos(plan: dict) -> bool:
     return any(n.get("Relation Name") == "todos" for n in nodes(plan))
 
 
+def sorted_input(sort: dict) -> list[dict]:
+    """What a Sort sorts: its input, not the statement's CTEs hung on it as InitPlans."""
+    return [c for c in sort.get("Plans", []) if c.get("Parent Relationship") not in ("InitPlan", "SubPlan")]
+
+
 def offenders(plan: dict) -> list[str]:
     found = []
     for node in nodes(plan):
         kind = node["Node Type"]
         if kind == "Seq Scan" and node.get("Relation Name") == "todos":
             found.append(f"Seq Scan on todos (estimated {node['Plan Rows']} rows)")
-        if kind in SORTS and reads_todos(node):
+        if kind in SORTS and any(reads_todos(c) for c in sorted_input(node)):
             found.append(f"{kind} over todos by {node.get('Sort Key')}")
     return found
 
@@ -112,13 +116,16 @@ def index_scans(plan: dict) -> set[str]:
     return {n["Index Name"] for n in nodes(plan) if "Index Name" in n}
 
 
-def claim_args(queues: list[str], complete: str | None = None, n: int = 1) -> list[str]:
-    ids, leases = (f"{{{complete}}}", "{1}") if complete else ("{}", "{}")
-    results = "{NULL}" if complete else "{}"
-    return [
-        f"'{{{','.join(queues)}}}'::text[]", "'agent-1'", "30", str(n),
-        f"'{ids}'::text[]", f"'{leases}'::bigint[]", f"'{results}'::jsonb[]",
-    ]
+def text_array(values: list[str]) -> str:
+    return f"'{{{','.join(values)}}}'::text[]"
+
+
+def claim_args(queues: list[str], n: int = 1) -> dict[str, str]:
+    return {"queues": text_array(queues), "owner": "'agent-1'", "ttl": "30", "n": str(n)}
+
+
+def ack_args(todo_id: str = "td_c1") -> dict[str, str]:
+    return {"id": f"'{todo_id}'", "owner": "'agent-1'", "lease": "1", "result": "NULL"}
 
 
 MODES = pytest.mark.parametrize(
@@ -128,25 +135,84 @@ MODES = pytest.mark.parametrize(
 
 @MODES
 @pytest.mark.parametrize("queue_count", [1, 3, 20], ids=lambda n: f"{n}-queues")
-async def test_claim_next_plans_without_a_seq_scan_or_a_sort_of_todos(big, mode, queue_count):
-    plan = await explain(big, "complete_and_claim", claim_args(QUEUES[:queue_count]), mode)
+async def test_claim_batch_plans_without_a_seq_scan_or_a_sort_of_todos(big, mode, queue_count):
+    plan = await explain(big, TRANSITIONS.claim_batch, claim_args(QUEUES[:queue_count], n=10), mode)
     assert offenders(plan) == []
     assert index_scans(plan) & {"todos_pending_by_queue", "todos_pending_by_age"}
 
 
 @MODES
 async def test_complete_and_claim_next_plans_without_a_seq_scan_or_a_sort_of_todos(big, mode):
-    args = claim_args(QUEUES[:3], complete="td_c1")
-    plan = await explain(big, "complete_and_claim", args, mode)
+    args = {**ack_args(), "queues": text_array(QUEUES[:3]), "ttl": "30"}
+    plan = await explain(big, TRANSITIONS.complete_and_claim_next, args, mode)
+    assert offenders(plan) == []
+    assert "todos_pkey" in index_scans(plan)
+    assert index_scans(plan) & {"todos_pending_by_queue", "todos_pending_by_age"}
+
+
+@MODES
+@pytest.mark.parametrize("statement", ["claim", "complete", "heartbeat", "release", "fail"])
+async def test_transitions_by_id_plan_on_the_primary_key(big, mode, statement):
+    values = {"claim": {"id": "'td_p1'", "owner": "'agent-1'", "ttl": "30"},
+              "heartbeat": {**ack_args(), "ttl": "30", "result": None},
+              "fail": {**ack_args(), "error": "'boom'", "result": None}}.get(statement, ack_args())
+    values = {k: v for k, v in values.items() if v is not None and k in getattr(TRANSITIONS, statement).params}
+    plan = await explain(big, getattr(TRANSITIONS, statement), values, mode)
+    assert offenders(plan) == []
+    assert "todos_pkey" in index_scans(plan)
+
+
+@MODES
+async def test_complete_many_plans_on_the_primary_key(big, mode):
+    args = {"ids": text_array(["td_c1", "td_c2"]), "leases": "'{1,1}'::bigint[]",
+            "results": "'{NULL,NULL}'::text[]", "owner": "'agent-1'"}
+    plan = await explain(big, TRANSITIONS.complete_many, args, mode)
     assert offenders(plan) == []
     assert "todos_pkey" in index_scans(plan)
 
 
 @MODES
 async def test_reap_plans_without_a_seq_scan_or_a_sort_of_todos(big, mode):
-    plan = await explain(big, "reap", ["500"], mode)
+    plan = await explain(big, TRANSITIONS.reap, {"limit": "500"}, mode)
     assert offenders(plan) == []
     assert "todos_leases" in index_scans(plan)
+
+
+# Filters whose page comes straight off todos_by_queue (queue, created_at, id), in order.
+ORDERED_LISTS = {
+    "a queue": {"queue": "'q03'"},
+    "claimed in a queue": {"queue": "'q03'", "state": "'claimed'"},
+    "a queue, page 2": {"queue": "'q03'", "before_at": "now() - interval '1000 seconds'",
+                        "before_id": "'td_p1000'"},
+}
+# Filters served by another index (a partial one, or several queues at once) whose rows
+# are then sorted: no index holds them in (created_at, id) order. Never a Seq Scan.
+SORTED_LISTS = {
+    "ready in a queue": {"queue": "'q03'", "state": "'pending'", "due": "true"},
+    "a token's queues": {"queues": text_array(QUEUES[:2])},
+    "a search in a queue": {"queue": "'q03'", "search": "'td_p3'", "search_like": "'%td\\_p3%'"},
+}
+
+
+@pytest.mark.parametrize("filters", ORDERED_LISTS.values(), ids=ORDERED_LISTS.keys())
+async def test_the_todo_list_walks_the_queue_index_in_order(big, filters):
+    plan = await explain(big, READS.list_todos, {**filters, "limit": "51"}, "force_custom_plan")
+    assert offenders(plan) == []
+    assert "todos_by_queue" in index_scans(plan)
+
+
+@pytest.mark.parametrize("filters", SORTED_LISTS.values(), ids=SORTED_LISTS.keys())
+async def test_the_todo_list_reads_through_an_index_for_every_other_filter(big, filters):
+    plan = await explain(big, READS.list_todos, {**filters, "limit": "51"}, "force_custom_plan")
+    assert not any(f.startswith("Seq Scan") for f in offenders(plan))
+    assert index_scans(plan)
+
+
+@pytest.mark.parametrize("queue", ["NULL", "'q03'"], ids=["all queues", "one queue"])
+async def test_the_dead_letter_list_walks_its_index_in_order(big, queue):
+    plan = await explain(big, READS.list_dead_letters, {"queue": queue, "limit": "51"}, "force_custom_plan")
+    assert offenders(plan) == []
+    assert "todos_dead" in index_scans(plan)
 
 
 async def test_the_plan_checker_catches_a_seq_scan_and_a_sort_of_todos(big):
@@ -154,8 +220,7 @@ async def test_the_plan_checker_catches_a_seq_scan_and_a_sort_of_todos(big):
     await big.execute("SET enable_indexscan = off")
     await big.execute("SET enable_bitmapscan = off")
     try:
-        plan = await explain(big, "complete_and_claim", claim_args(QUEUES[:1]),
-                             "force_custom_plan")
+        plan = await explain(big, TRANSITIONS.claim_batch, claim_args(QUEUES[:1]), "force_custom_plan")
     finally:
         await big.execute("RESET enable_indexscan")
         await big.execute("RESET enable_bitmapscan")
