@@ -13,6 +13,7 @@ from pathlib import Path
 import asyncpg
 
 from dashboard.errors import MigrationError
+from dashboard.queries import MIGRATIONS as SQL
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "sql" / "migrations"
 # Any constant works; it only has to be the same for every switchboard process.
@@ -47,18 +48,10 @@ async def apply_migrations(conn: asyncpg.Connection, directory: Path = MIGRATION
     """Apply what is missing; returns the names applied by this call."""
     migrations = load_migrations(directory)
     applied_now = []
-    await conn.execute("SELECT pg_advisory_lock($1)", ADVISORY_LOCK_KEY)
+    await SQL.lock.execute(conn, key=ADVISORY_LOCK_KEY)
     try:
-        await conn.execute(
-            """CREATE TABLE IF NOT EXISTS schema_migrations (
-                   version    integer PRIMARY KEY,
-                   name       text NOT NULL,
-                   checksum   text NOT NULL,
-                   applied_at timestamptz NOT NULL DEFAULT now())"""
-        )
-        recorded = {
-            r["version"]: r for r in await conn.fetch("SELECT * FROM schema_migrations")
-        }
+        await SQL.create_table.execute(conn)
+        recorded = {r["version"]: r for r in await SQL.recorded.fetch(conn)}
         for migration in migrations:
             done = recorded.get(migration.version)
             if done is not None:
@@ -71,11 +64,9 @@ async def apply_migrations(conn: asyncpg.Connection, directory: Path = MIGRATION
                 continue
             async with conn.transaction():
                 await conn.execute(migration.sql)
-                await conn.execute(
-                    "INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
-                    migration.version, migration.name, migration.checksum,
-                )
+                await SQL.record.execute(
+                    conn, version=migration.version, name=migration.name, checksum=migration.checksum)
             applied_now.append(migration.name)
     finally:
-        await conn.execute("SELECT pg_advisory_unlock($1)", ADVISORY_LOCK_KEY)
+        await SQL.unlock.execute(conn, key=ADVISORY_LOCK_KEY)
     return applied_now

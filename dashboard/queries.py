@@ -84,3 +84,4 @@ class Queries:
 TRANSITIONS = Queries("transitions.sql")
 READS = Queries("reads.sql")
 ACCOUNTS = Queries("accounts.sql")
+MIGRATIONS = Queries("migrations.sql")

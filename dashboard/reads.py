@@ -229,7 +229,7 @@ class Reads:
         (dashboard/db.py, for the claim path); a statement whose optional filters decide
         which index fits needs its values at planning time."""
         async with transaction(self.db) as conn:
-            await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+            await SQL.plan_for_values.execute(conn)
             return await statement.fetch(conn, **values)
 
     @staticmethod

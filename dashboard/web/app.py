@@ -13,12 +13,12 @@ from litestar import Litestar, Request, Router, get
 from litestar.config.csrf import CSRFConfig
 from litestar.datastructures import MutableScopeHeaders, State
 from litestar.di import Provide
-from litestar.response import ServerSentEvent
 from litestar.middleware.session.client_side import CookieBackendConfig
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import ScalarRenderPlugin
 from litestar.plugins.htmx import HTMXPlugin
 from litestar.plugins.jinja import JinjaTemplateEngine
+from litestar.response import ServerSentEvent
 from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
 from litestar.types import Message, Scope

@@ -27,7 +27,9 @@ def _documented(description: str, **schema: Any) -> msgspec.Meta:
 Lease = Annotated[int, msgspec.Meta(ge=0, le=MAX_LEASE, description="the lease token the claim returned")]
 Ttl = Annotated[float, _documented("lease length in seconds", minimum=TTL_MIN, maximum=TTL_MAX)]
 Wait = Annotated[float, _documented("seconds to wait for work (long-poll)", minimum=0, maximum=MAX_WAIT)]
-QueueName = Annotated[str, _documented("a queue name", pattern=f"^{QUEUE_NAME.pattern}$")]
+QueueNames = Annotated[list[str], _documented(
+    "queue names", min_items=1,
+    items={"type": "string", "pattern": f"^{QUEUE_NAME.pattern}$"})]
 
 
 class Problem(msgspec.Struct):
@@ -86,7 +88,7 @@ class BatchOut(msgspec.Struct):
 
 
 class ClaimIn(msgspec.Struct, forbid_unknown_fields=True):
-    queues: list[QueueName]
+    queues: QueueNames
     ttl: Ttl = 30
     wait: Wait = 0
 
@@ -105,7 +107,7 @@ class ReleaseIn(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class NextIn(msgspec.Struct, forbid_unknown_fields=True):
-    queues: list[QueueName]
+    queues: QueueNames
     ttl: Ttl = 30
 
 

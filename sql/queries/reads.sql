@@ -106,3 +106,7 @@ WHERE state = 'failed'
   AND (:before_at::timestamptz IS NULL OR (completed_at, id) < (:before_at, :before_id::text))
 ORDER BY completed_at DESC, id DESC
 LIMIT :limit;
+
+-- name: plan_for_values
+-- In a transaction, before a list statement: plan it for this call's values.
+SET LOCAL plan_cache_mode = force_custom_plan;
