@@ -124,10 +124,6 @@ def claim_args(queues: list[str], n: int = 1) -> dict[str, str]:
     return {"queues": text_array(queues), "owner": "'agent-1'", "ttl": "30", "n": str(n)}
 
 
-def ack_args(todo_id: str = "td_c1") -> dict[str, str]:
-    return {"id": f"'{todo_id}'", "owner": "'agent-1'", "lease": "1", "result": "NULL"}
-
-
 MODES = pytest.mark.parametrize(
     "mode", ["force_custom_plan", "force_generic_plan"], ids=["custom", "generic"]
 )
@@ -143,7 +139,8 @@ async def test_claim_batch_plans_without_a_seq_scan_or_a_sort_of_todos(big, mode
 
 @MODES
 async def test_complete_and_claim_next_plans_without_a_seq_scan_or_a_sort_of_todos(big, mode):
-    args = {**ack_args(), "queues": text_array(QUEUES[:3]), "ttl": "30"}
+    args = {"id": "'td_c1'", "owner": "'agent-1'", "lease": "1", "result": "NULL",
+            "queues": text_array(QUEUES[:3]), "ttl": "30"}
     plan = await explain(big, TRANSITIONS.complete_and_claim_next, args, mode)
     assert offenders(plan) == []
     assert "todos_pkey" in index_scans(plan)
@@ -153,10 +150,10 @@ async def test_complete_and_claim_next_plans_without_a_seq_scan_or_a_sort_of_tod
 @MODES
 @pytest.mark.parametrize("statement", ["claim", "complete", "heartbeat", "release", "fail"])
 async def test_transitions_by_id_plan_on_the_primary_key(big, mode, statement):
+    held = {"id": "'td_c1'", "owner": "'agent-1'", "lease": "1"}
     values = {"claim": {"id": "'td_p1'", "owner": "'agent-1'", "ttl": "30"},
-              "heartbeat": {**ack_args(), "ttl": "30", "result": None},
-              "fail": {**ack_args(), "error": "'boom'", "result": None}}.get(statement, ack_args())
-    values = {k: v for k, v in values.items() if v is not None and k in getattr(TRANSITIONS, statement).params}
+              "complete": {**held, "result": "NULL"}, "heartbeat": {**held, "ttl": "30"},
+              "release": held, "fail": {**held, "error": "'boom'"}}[statement]
     plan = await explain(big, getattr(TRANSITIONS, statement), values, mode)
     assert offenders(plan) == []
     assert "todos_pkey" in index_scans(plan)
