@@ -115,7 +115,9 @@ def cmd_serve(args) -> int:
 
 @with_database
 async def cmd_migrate(db, args) -> int:
-    print("migrations are up to date")  # open_database applied whatever was missing
+    for name in db.migrated:  # open_database applied whatever was missing
+        print(f"applied {name}")
+    print("migrations are up to date")
     return 0
 
 

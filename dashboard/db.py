@@ -14,7 +14,7 @@ import os
 import warnings
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,6 +32,7 @@ class Database:
     dsn: str
     pool: asyncpg.Pool
     server: Any = None  # the embedded PostgresServer handle, when we started one
+    migrated: list[str] = field(default_factory=list)  # migrations this start-up applied
 
     async def close(self) -> None:
         await self.pool.close()
@@ -190,7 +191,7 @@ async def open_database(*, migrate: bool = True, max_size: int = 10) -> Database
     if migrate:
         try:
             async with pool.acquire() as conn:
-                await apply_migrations(conn)
+                db.migrated = await apply_migrations(conn)
         except BaseException:
             await db.close()
             raise

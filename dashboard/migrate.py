@@ -7,6 +7,7 @@ checksum no longer matches what was applied stops start-up, naming the file.
 from __future__ import annotations
 
 import hashlib
+from importlib.resources import files
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import asyncpg
 from dashboard.errors import MigrationError
 from dashboard.queries import MIGRATIONS as SQL
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "sql" / "migrations"
+MIGRATIONS_DIR = Path(str(files("dashboard") / "sql" / "migrations"))
 # Any constant works; it only has to be the same for every switchboard process.
 ADVISORY_LOCK_KEY = 0x5B_0A_2D
 
@@ -38,6 +39,8 @@ def load_migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
         if not number.isdigit():
             raise MigrationError(f"migration file {path.name} does not start with a number")
         found.append(Migration(int(number), path.name, path.read_text()))
+    if not found:  # an install without its SQL must not pass for an up-to-date database
+        raise MigrationError(f"no migration files in {directory}: the installation is incomplete")
     versions = [m.version for m in found]
     if len(set(versions)) != len(versions):
         raise MigrationError(f"two migration files share a number in {directory}")

@@ -9,10 +9,10 @@ file sees what every value is: `await SQL.claim_batch.fetch(db, owner=…, queue
 from __future__ import annotations
 
 import re
-from pathlib import Path
+from importlib.resources import files
 from typing import Any
 
-QUERIES_DIR = Path(__file__).resolve().parent.parent / "sql" / "queries"
+QUERIES_DIR = files("dashboard") / "sql" / "queries"
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 # Literals, quoted names, comments and casts are matched first so that only a bare
 # `:name` is taken for a parameter.

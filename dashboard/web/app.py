@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from importlib.resources import files
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,7 @@ from dashboard.web.live import page_stream
 from dashboard.web.services import Services
 from dashboard.web.stats_cache import StatsCache
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+PACKAGE = Path(str(files("dashboard")))  # templates/ and static/ ship inside it (pyproject.toml)
 MAX_BODY = 8 * 1024 * 1024  # a batch of todos; each payload is limited to 256 KiB on its own
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; frame-ancestors 'none'; base-uri 'self'; form-action 'self'")
@@ -122,12 +123,12 @@ def create_app(dsn: str, secrets: WebSecrets, *, reaper: bool = True, pool_size:
             Router("/", route_handlers=[*pages.ROUTES, *actions.ROUTES, events], before_request=require_login,
                    include_in_schema=False),
             api.router,
-            create_static_files_router(path="/static", directories=[ROOT / "static"],
+            create_static_files_router(path="/static", directories=[PACKAGE / "static"],
                                        include_in_schema=False),
         ],
         state=State(),
         dependencies=DEPENDENCIES,
-        template_config=TemplateConfig(directory=ROOT / "templates", engine=JinjaTemplateEngine,
+        template_config=TemplateConfig(directory=PACKAGE / "templates", engine=JinjaTemplateEngine,
                                        engine_callback=templating.configure),
         plugins=[HTMXPlugin()],
         csrf_config=CSRFConfig(secret=secrets.csrf, cookie_httponly=True, cookie_samesite="strict",
