@@ -21,7 +21,8 @@ from dashboard import db as dbmod
 from dashboard.accounts import Accounts
 from dashboard.models import MAX_JSON_BYTES, NewTodo
 from dashboard.store import Store
-from tests.conftest import agent_token, scratch_database
+from tests.conftest import scratch_database
+from tests.factories import agent_token
 
 API = "/api/v1"
 PROBLEM = "application/problem+json"

@@ -21,7 +21,7 @@ import pytest
 from dashboard import db as dbmod
 from dashboard.models import NewTodo
 from dashboard.store import Store
-from tests.conftest import agent_token
+from tests.factories import agent_token
 
 API = "/api/v1"
 

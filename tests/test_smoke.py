@@ -1,5 +1,5 @@
 from dashboard.models import NewTodo
-from tests.conftest import agent_token, login
+from tests.factories import agent_token, login
 
 
 async def test_create_and_claim(store):

@@ -17,7 +17,7 @@ import pytest
 from dashboard.accounts import Accounts
 from dashboard.errors import Conflict
 from dashboard.models import NewEvent, NewTodo, Todo
-from tests.conftest import login
+from tests.factories import login
 
 HX = {"HX-Request": "true"}
 XSS_TITLE = '<script>alert("title")</script><img src=x onerror=alert(1)>'
