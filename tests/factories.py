@@ -130,6 +130,11 @@ async def history(db, todo_id: str) -> list[Step]:
     return [Step(*r) for r in rows]
 
 
+async def last_step(db, todo_id: str) -> Step:
+    """The newest row of the todo's history."""
+    return (await history(db, todo_id))[-1]
+
+
 async def todo_row(db, todo_id: str) -> Todo:
     """The todo as stored, in the shape the Store hands out."""
     return Todo.from_record(await db.fetchrow("SELECT * FROM todos WHERE id = $1", todo_id))

@@ -2,6 +2,8 @@
 retries) and claim by id with its conflicts.
 
 Time moves by SQL (created_at, next_retry_at set into the past), never by sleeping.
+
+The module's tests share one database, emptied before each test (fresh_module_db).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from tests.factories import (
     db_now,
     enqueue,
     history,
+    last_step,
     make_retry_due,
     new_todo,
     set_age,
@@ -133,7 +136,7 @@ async def test_claim_by_id_takes_that_todo_and_records_it(module_store, module_p
         1,
         1,
     )
-    assert (await history(module_pool, wanted.id))[-1] == ("pending", "claimed", "w1", 1, "claimed by id")
+    assert await last_step(module_pool, wanted.id) == ("pending", "claimed", "w1", 1, "claimed by id")
 
 
 async def test_claim_by_id_of_a_todo_assigned_to_me_succeeds(module_store):

@@ -1,7 +1,8 @@
 """Creating todos through Store: create, idempotency keys, create_many, inline events.
 
-Every test starts from an empty database (one per module, emptied before each test).
 History is checked row by row: (from, to, actor, attempt, note).
+
+The module's tests share one database, emptied before each test (fresh_module_db).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from tests.factories import (
     claimed,
     dead_letter,
     history,
+    last_step,
     new_todo,
     snapshot,
     todo_row,
@@ -95,7 +97,7 @@ async def test_a_claimed_todo_still_holds_its_key_against_duplicates(module_stor
     assert again.created is False
     assert again.todo.id == held.id and again.todo.state == "claimed"
     assert again.todo.dedupe_hits == 1
-    assert (await history(module_pool, held.id))[-1] == (
+    assert await last_step(module_pool, held.id) == (
         "claimed",
         "claimed",
         "producer",

@@ -1,5 +1,7 @@
 """Fencing: a lease that lapsed or was taken back can never act on the newer attempt, the
 lease token is never reused, and a todo's whole life is in its history.
+
+The module's tests share one database, emptied before each test (fresh_module_db).
 """
 
 from __future__ import annotations

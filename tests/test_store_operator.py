@@ -1,5 +1,7 @@
 """What an operator does through Store: retry a dead-letter (fresh budget or one more
 attempt), retry many, force-release a lease.
+
+The module's tests share one database, emptied before each test (fresh_module_db).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from tests.factories import (
     dead_letter,
     enqueue,
     history,
+    last_step,
     snapshot,
     todo_row,
 )
@@ -27,7 +30,7 @@ async def test_retry_gives_a_dead_letter_a_fresh_budget_by_default(module_store,
     todo = await module_store.retry(dead.id, "op-ann")
     assert (todo.state, todo.attempt, todo.max_attempts) == ("pending", 0, 2)
     assert (todo.owner, todo.completed_at, todo.next_retry_at) == (None, None, None)
-    assert (await history(module_pool, dead.id))[-1] == (
+    assert await last_step(module_pool, dead.id) == (
         "failed",
         "pending",
         "op-ann",
@@ -43,7 +46,7 @@ async def test_retry_with_one_more_attempt_raises_the_cap_by_one(module_store, m
     dead = await dead_letter(module_store, module_pool, max_attempts=2)
     todo = await module_store.retry(dead.id, "op-ann", one_more=True)
     assert (todo.state, todo.attempt, todo.max_attempts) == ("pending", 2, 3)
-    assert (await history(module_pool, dead.id))[-1] == (
+    assert await last_step(module_pool, dead.id) == (
         "failed",
         "pending",
         "op-ann",
@@ -66,14 +69,6 @@ async def test_retry_is_refused_naming_the_live_todo_that_holds_the_key(module_s
     assert await snapshot(module_pool) == before
 
 
-async def test_retry_of_a_todo_that_is_not_dead_is_a_conflict(module_store, module_pool):
-    todo = await enqueue(module_store)
-    with pytest.raises(Conflict, match=r"cannot retry todo .*: it is pending"):
-        await module_store.retry(todo.id, "op-ann")
-    with pytest.raises(NotFound):
-        await module_store.retry("td_nope", "op-ann")
-
-
 async def test_retry_many_retries_what_it_can_and_reports_each_refusal(module_store, module_pool):
     dead = [await dead_letter(module_store, module_pool) for _ in range(3)]
     blocked = await dead_letter(module_store, module_pool, idempotency_key="k")
@@ -94,7 +89,7 @@ async def test_force_release_takes_a_lease_back_and_records_the_operator(module_
     held = await claimed(module_store, owner="dead-agent")
     todo = await module_store.force_release(held.id, "op-ann")
     assert (todo.state, todo.owner, todo.lease_expires_at, todo.attempt) == ("pending", None, None, 1)
-    assert (await history(module_pool, held.id))[-1] == (
+    assert await last_step(module_pool, held.id) == (
         "claimed",
         "pending",
         "op-ann",
@@ -105,10 +100,25 @@ async def test_force_release_takes_a_lease_back_and_records_the_operator(module_
         await module_store.complete(held.id, "dead-agent", held.lease_token)
 
 
-async def test_force_release_of_a_todo_that_is_not_claimed_is_a_conflict(module_store, module_pool):
+def operator_call(store, action: str, todo_id: str):
+    """retry or force-release by an operator."""
+    if action == "retry":
+        return store.retry(todo_id, "op-ann")
+    return store.force_release(todo_id, "op-ann")
+
+
+@pytest.mark.parametrize("action", ["retry", "force-release"])
+async def test_an_operator_action_on_a_todo_in_the_wrong_state_is_a_conflict_and_records_nothing(
+    module_store, module_pool, action
+):
+    """retry takes only a dead-letter, force-release only a claimed todo: a pending one is neither."""
     todo = await enqueue(module_store)
-    with pytest.raises(Conflict, match=r"cannot force-release todo .*: it is pending"):
-        await module_store.force_release(todo.id, "op-ann")
-    with pytest.raises(NotFound):
-        await module_store.force_release("td_nope", "op-ann")
+    with pytest.raises(Conflict, match=rf"cannot {action} todo .*: it is pending"):
+        await operator_call(module_store, action, todo.id)
     assert len(await history(module_pool, todo.id)) == 1
+
+
+@pytest.mark.parametrize("action", ["retry", "force-release"])
+async def test_an_operator_action_on_an_unknown_todo_is_not_found(module_store, action):
+    with pytest.raises(NotFound, match="no todo td_nope"):
+        await operator_call(module_store, action, "td_nope")

@@ -2,6 +2,8 @@
 finished todos.
 
 Time moves by SQL (lease_expires_at, next_retry_at, completed_at set into the past).
+
+The module's tests share one database, emptied before each test (fresh_module_db).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from tests.factories import (
     enqueue,
     expire_lease,
     history,
+    last_step,
     make_retry_due,
     new_todo,
     todo_row,
@@ -45,7 +48,7 @@ async def test_reap_puts_an_expired_lease_back_with_a_backoff_and_says_whose_it_
     assert (todo.state, todo.owner, todo.attempt) == ("pending", None, 1)
     assert todo.last_error == "lease expired (owner ann)"
     assert before + timedelta(seconds=2) <= todo.next_retry_at <= after + timedelta(seconds=2)
-    assert (await history(module_pool, held.id))[-1] == (
+    assert await last_step(module_pool, held.id) == (
         "claimed",
         "pending",
         "reaper",
@@ -61,7 +64,7 @@ async def test_reap_at_the_cap_dead_letters(module_store, module_pool):
     [todo] = await module_store.reap()
     assert (todo.state, todo.attempt, todo.next_retry_at) == ("failed", 1, None)
     assert todo.last_error == "lease expired (owner ann)" and todo.completed_at is not None
-    assert (await history(module_pool, held.id))[-1] == (
+    assert await last_step(module_pool, held.id) == (
         "claimed",
         "failed",
         "reaper",
@@ -116,7 +119,7 @@ async def test_promote_due_retries_clears_only_due_retry_times(module_store, mod
     assert await module_store.promote_due_retries() == 1
     assert (await todo_row(module_pool, due.id)).next_retry_at is None
     assert (await todo_row(module_pool, later.id)).next_retry_at is not None
-    assert (await history(module_pool, due.id))[-1] == ("pending", "pending", "reaper", 1, "retry due")
+    assert await last_step(module_pool, due.id) == ("pending", "pending", "reaper", 1, "retry due")
     assert await module_store.promote_due_retries() == 0
 
 
