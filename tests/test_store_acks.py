@@ -266,13 +266,8 @@ async def test_fail_below_the_cap_backs_off_two_to_the_attempt_seconds(module_st
         assert (failed.state, failed.owner, failed.attempt) == ("pending", None, attempt)
         assert failed.last_error == f"error {attempt}" and failed.lease_expires_at is None
         assert before + delay <= failed.next_retry_at <= after + delay
-        assert await last_step(module_pool, held.id) == (
-            "claimed",
-            "pending",
-            "w1",
-            attempt,
-            f"error {attempt}",
-        )
+        step = await last_step(module_pool, held.id)
+        assert step == ("claimed", "pending", "w1", attempt, f"error {attempt}")
         await make_retry_due(module_pool, held.id)
         held = await module_store.claim(held.id, "w1", 30)
 

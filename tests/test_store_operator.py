@@ -30,13 +30,8 @@ async def test_retry_gives_a_dead_letter_a_fresh_budget_by_default(module_store,
     todo = await module_store.retry(dead.id, "op-ann")
     assert (todo.state, todo.attempt, todo.max_attempts) == ("pending", 0, 2)
     assert (todo.owner, todo.completed_at, todo.next_retry_at) == (None, None, None)
-    assert await last_step(module_pool, dead.id) == (
-        "failed",
-        "pending",
-        "op-ann",
-        0,
-        "retried by operator: fresh budget",
-    )
+    step = await last_step(module_pool, dead.id)
+    assert step == ("failed", "pending", "op-ann", 0, "retried by operator: fresh budget")
     again = await module_store.claim_next(["q"], "w1", 30)
     assert (again.id, again.attempt) == (dead.id, 1)
     assert again.lease_token == 3
@@ -46,13 +41,8 @@ async def test_retry_with_one_more_attempt_raises_the_cap_by_one(module_store, m
     dead = await dead_letter(module_store, module_pool, max_attempts=2)
     todo = await module_store.retry(dead.id, "op-ann", one_more=True)
     assert (todo.state, todo.attempt, todo.max_attempts) == ("pending", 2, 3)
-    assert await last_step(module_pool, dead.id) == (
-        "failed",
-        "pending",
-        "op-ann",
-        2,
-        "retried by operator: one more attempt",
-    )
+    step = await last_step(module_pool, dead.id)
+    assert step == ("failed", "pending", "op-ann", 2, "retried by operator: one more attempt")
 
     held = await module_store.claim(dead.id, "w1", 30)
     assert (await module_store.fail(held.id, "w1", held.lease_token, "again")).state == "failed"
