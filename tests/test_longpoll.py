@@ -71,8 +71,9 @@ async def test_a_waiting_claim_returns_within_a_second_of_an_enqueue_from_anothe
     headers = await agent_token(db, "poller", [queue])
     async with httpx.AsyncClient(base_url=base, timeout=30) as http:
         started = time.monotonic()
-        waiting = asyncio.create_task(http.post(
-            f"{API}/claims", headers=headers, json={"queues": [queue], "ttl": 30, "wait": 10}))
+        waiting = asyncio.create_task(
+            http.post(f"{API}/claims", headers=headers, json={"queues": [queue], "ttl": 30, "wait": 10})
+        )
         await asyncio.sleep(0.5)  # let the claim find nothing and start waiting
         assert not waiting.done(), "the claim should still be waiting: nothing was enqueued yet"
         enqueued_at = time.monotonic()
@@ -91,8 +92,9 @@ async def test_a_waiting_claim_answers_204_once_the_wait_is_over(live_server, db
     headers = await agent_token(db, "poller", [queue])
     async with httpx.AsyncClient(base_url=base, timeout=30) as http:
         started = time.monotonic()
-        response = await http.post(f"{API}/claims", headers=headers,
-                                   json={"queues": [queue], "ttl": 30, "wait": 2})
+        response = await http.post(
+            f"{API}/claims", headers=headers, json={"queues": [queue], "ttl": 30, "wait": 2}
+        )
         elapsed = time.monotonic() - started
     assert response.status_code == 204
     assert response.content == b""
@@ -105,9 +107,12 @@ async def test_fifty_waiting_claims_share_fifty_enqueues_each_todo_claimed_exact
     headers = await agent_token(db, "herd", [queue])
     limits = httpx.Limits(max_connections=60, max_keepalive_connections=60)
     async with httpx.AsyncClient(base_url=base, timeout=30, limits=limits) as http:
-        claims = [asyncio.create_task(http.post(
-            f"{API}/claims", headers=headers, json={"queues": [queue], "ttl": 60, "wait": 15}))
-            for _ in range(50)]
+        claims = [
+            asyncio.create_task(
+                http.post(f"{API}/claims", headers=headers, json={"queues": [queue], "ttl": 60, "wait": 15})
+            )
+            for _ in range(50)
+        ]
         await asyncio.sleep(1.0)  # let all fifty reach their wait
         assert not any(c.done() for c in claims), "no claim should answer before work exists"
         created = [await enqueue(db, queue, f"job {i}") for i in range(50)]
@@ -121,7 +126,9 @@ async def test_fifty_waiting_claims_share_fifty_enqueues_each_todo_claimed_exact
     assert {tuple(r) for r in rows} == {("claimed", "herd", 1)} and len(rows) == 50
     claims_in_history = await db.fetch(
         "SELECT todo_id, count(*) AS n FROM todo_history h JOIN todos t ON t.id = h.todo_id "
-        "WHERE t.queue = $1 AND h.to_state = 'claimed' GROUP BY todo_id", queue)
+        "WHERE t.queue = $1 AND h.to_state = 'claimed' GROUP BY todo_id",
+        queue,
+    )
     assert len(claims_in_history) == 50 and all(r["n"] == 1 for r in claims_in_history)
 
 
@@ -132,9 +139,10 @@ async def test_the_channel_hints_enqueues_in_its_queues_and_none_outside_them(li
     base, _ = live_server
     a, b, outside = unique("cha"), unique("chb"), unique("chx")
     headers = await agent_token(db, "listener", [a, b, outside])
-    async with (httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(10, read=30)) as http,
-                http.stream("GET", f"{API}/channels", headers=headers,
-                            params={"queues": f"{a},{b}"}) as response):
+    async with (
+        httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(10, read=30)) as http,
+        http.stream("GET", f"{API}/channels", headers=headers, params={"queues": f"{a},{b}"}) as response,
+    ):
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         events = sse_events(response)
@@ -153,8 +161,10 @@ async def test_the_channel_sends_resync_after_the_servers_listen_connection_is_k
     base, _ = live_server
     a = unique("rs")
     headers = await agent_token(db, "listener", [a])
-    async with (httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(10, read=30)) as http,
-                http.stream("GET", f"{API}/channels", headers=headers, params={"queues": a}) as response):
+    async with (
+        httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(10, read=30)) as http,
+        http.stream("GET", f"{API}/channels", headers=headers, params={"queues": a}) as response,
+    ):
         assert response.status_code == 200
         events = sse_events(response)
         assert (await next_event(events, 5))[0] == "resync"
@@ -163,7 +173,8 @@ async def test_the_channel_sends_resync_after_the_servers_listen_connection_is_k
         killed = await db.fetch(
             "SELECT pid, pg_terminate_backend(pid) AS ok FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-            "AND query IN ('LISTEN \"switchboard\"', 'SELECT 1')")
+            "AND query IN ('LISTEN \"switchboard\"', 'SELECT 1')"
+        )
         assert killed and all(r["ok"] for r in killed), "found no LISTEN connection to terminate"
         started = time.monotonic()
         kind, _ = await next_event(events, 15)
@@ -176,5 +187,6 @@ async def test_the_channel_sends_resync_after_the_servers_listen_connection_is_k
     listeners = await db.fetchval(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
         "AND pid <> ALL($1::int[]) AND query IN ('LISTEN \"switchboard\"', 'SELECT 1')",
-        [r["pid"] for r in killed])
+        [r["pid"] for r in killed],
+    )
     assert listeners >= 1, "the server did not re-open its LISTEN connection"

@@ -116,8 +116,13 @@ def claim_args(queues: list[str], complete: str | None = None, n: int = 1) -> li
     ids, leases = (f"{{{complete}}}", "{1}") if complete else ("{}", "{}")
     results = "{NULL}" if complete else "{}"
     return [
-        f"'{{{','.join(queues)}}}'::text[]", "'agent-1'", "30", str(n),
-        f"'{ids}'::text[]", f"'{leases}'::bigint[]", f"'{results}'::jsonb[]",
+        f"'{{{','.join(queues)}}}'::text[]",
+        "'agent-1'",
+        "30",
+        str(n),
+        f"'{ids}'::text[]",
+        f"'{leases}'::bigint[]",
+        f"'{results}'::jsonb[]",
     ]
 
 
@@ -154,8 +159,7 @@ async def test_the_plan_checker_catches_a_seq_scan_and_a_sort_of_todos(big):
     await big.execute("SET enable_indexscan = off")
     await big.execute("SET enable_bitmapscan = off")
     try:
-        plan = await explain(big, "complete_and_claim", claim_args(QUEUES[:1]),
-                             "force_custom_plan")
+        plan = await explain(big, "complete_and_claim", claim_args(QUEUES[:1]), "force_custom_plan")
     finally:
         await big.execute("RESET enable_indexscan")
         await big.execute("RESET enable_bitmapscan")

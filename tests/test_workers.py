@@ -49,8 +49,12 @@ class Spawner:
         log_path = self.tmp_path / f"{name}.log"
         with open(log_path, "w") as log:
             proc = subprocess.Popen(
-                args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+                args,
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+            )
         self.procs.append((proc, log_path))
         return proc
 
@@ -113,8 +117,9 @@ def spawner(tmp_path):
     spawner.stop_all()
 
 
-async def until(probe, what: str, within: float = 20, proc: subprocess.Popen | None = None,
-                spawner: Spawner | None = None):
+async def until(
+    probe, what: str, within: float = 20, proc: subprocess.Popen | None = None, spawner: Spawner | None = None
+):
     """Poll `probe()` (a coroutine function) until it returns something truthy."""
     deadline = time.monotonic() + within
     while True:
@@ -150,7 +155,9 @@ async def transitions(db, todo_id: str) -> list[tuple]:
     rows = await db.fetch(
         "SELECT from_state::text, to_state::text, actor, attempt, note FROM todo_history "
         "WHERE todo_id = $1 AND note IS DISTINCT FROM 'heartbeat' "
-        "AND note IS DISTINCT FROM 'retry due' ORDER BY id", todo_id)
+        "AND note IS DISTINCT FROM 'retry due' ORDER BY id",
+        todo_id,
+    )
     return [tuple(r) for r in rows]
 
 
@@ -173,27 +180,53 @@ async def live_db(live_server):
 async def command_worker(spawner, live_server, db, agent: str, queue: str, command: str):
     _, secret = await Accounts(db).add_token(agent, [queue])
     return spawner.start(
-        [sys.executable, "-m", "dashboard.cli", "worker", "--queue", queue, "--exec", command,
-         "--url", live_server[0], "--token", secret, "--ttl", "3", "--wait", "1"], agent)
+        [
+            sys.executable,
+            "-m",
+            "dashboard.cli",
+            "worker",
+            "--queue",
+            queue,
+            "--exec",
+            command,
+            "--url",
+            live_server[0],
+            "--token",
+            secret,
+            "--ttl",
+            "3",
+            "--wait",
+            "1",
+        ],
+        agent,
+    )
 
 
 async def test_the_command_worker_completes_todos_with_the_commands_stdout_as_the_result(
-        spawner, live_server, live_db, tmp_path):
+    spawner, live_server, live_db, tmp_path
+):
     queue = f"cmd-{uuid.uuid4().hex[:8]}"
-    echo = script(tmp_path, "echo.py", """
+    echo = script(
+        tmp_path,
+        "echo.py",
+        """
         import json, sys
         todo = json.load(sys.stdin)
         print(json.dumps({"seen": todo["id"], "doubled": todo["payload"]["n"] * 2,
                           "lease": todo["lease"]}))
-    """)
+    """,
+    )
     store = Store(live_db)
-    ids = [(await store.create(NewTodo(queue=queue, title=f"n={n}", payload={"n": n}))).todo.id
-           for n in (1, 2, 3)]
+    ids = [
+        (await store.create(NewTodo(queue=queue, title=f"n={n}", payload={"n": n}))).todo.id
+        for n in (1, 2, 3)
+    ]
     worker = await command_worker(spawner, live_server, live_db, "cmd-echo", queue, echo)
 
     async def all_done():
         return await live_db.fetchval(
-            "SELECT count(*) = 3 FROM todos WHERE queue = $1 AND state = 'done'", queue)
+            "SELECT count(*) = 3 FROM todos WHERE queue = $1 AND state = 'done'", queue
+        )
 
     await until(all_done, "three todos done", proc=worker, spawner=spawner)
     for n, todo_id in zip((1, 2, 3), ids, strict=True):
@@ -202,21 +235,26 @@ async def test_the_command_worker_completes_todos_with_the_commands_stdout_as_th
         assert (row["owner"], row["attempt"]) == ("cmd-echo", 1)
         assert (await transitions(live_db, todo_id))[1:] == [
             ("pending", "claimed", "cmd-echo", 1, "claimed"),
-            ("claimed", "done", "cmd-echo", 1, "completed")]
+            ("claimed", "done", "cmd-echo", 1, "completed"),
+        ]
     assert stop(worker) == 0, spawner.log(worker)  # SIGTERM while waiting for work: a clean exit
 
 
 async def test_a_failing_command_is_retried_then_dead_lettered_with_its_exit_status_and_stderr_tail(
-        spawner, live_server, live_db, tmp_path):
+    spawner, live_server, live_db, tmp_path
+):
     queue = f"cmd-{uuid.uuid4().hex[:8]}"
-    failing = script(tmp_path, "fail.py", """
+    failing = script(
+        tmp_path,
+        "fail.py",
+        """
         import sys
         sys.stdin.read()
         sys.stderr.write("noise " * 1000 + "\\nboom: the disk is full\\n")
         sys.exit(3)
-    """)
-    todo_id = (await Store(live_db).create(
-        NewTodo(queue=queue, title="doomed", max_attempts=2))).todo.id
+    """,
+    )
+    todo_id = (await Store(live_db).create(NewTodo(queue=queue, title="doomed", max_attempts=2))).todo.id
     worker = await command_worker(spawner, live_server, live_db, "cmd-fail", queue, failing)
 
     async def retrying():
@@ -239,23 +277,36 @@ async def test_a_failing_command_is_retried_then_dead_lettered_with_its_exit_sta
     assert final["last_error"].startswith("exit status 3: ")
     assert "boom: the disk is full" in final["last_error"]
     steps = [(f, t, a, n) for f, t, a, n, _ in await transitions(live_db, todo_id)]
-    assert steps[1:] == [("pending", "claimed", "cmd-fail", 1), ("claimed", "pending", "cmd-fail", 1),
-                         ("pending", "claimed", "cmd-fail", 2), ("claimed", "failed", "cmd-fail", 2)]
+    assert steps[1:] == [
+        ("pending", "claimed", "cmd-fail", 1),
+        ("claimed", "pending", "cmd-fail", 1),
+        ("pending", "claimed", "cmd-fail", 2),
+        ("claimed", "failed", "cmd-fail", 2),
+    ]
     assert worker.poll() is None, "the worker keeps going after a failed command"
 
 
 async def test_a_killed_command_worker_lets_its_lease_lapse_and_a_second_worker_completes_the_todo(
-        spawner, live_server, live_db, tmp_path):
+    spawner, live_server, live_db, tmp_path
+):
     queue = f"cmd-{uuid.uuid4().hex[:8]}"
-    slow = script(tmp_path, "slow.py", """
+    slow = script(
+        tmp_path,
+        "slow.py",
+        """
         import sys, time
         sys.stdin.read()
         time.sleep(120)
-    """)
-    echo = script(tmp_path, "ok.py", """
+    """,
+    )
+    echo = script(
+        tmp_path,
+        "ok.py",
+        """
         import json, sys
         print(json.dumps({"finished_by_second_worker": json.load(sys.stdin)["attempt"]}))
-    """)
+    """,
+    )
     todo_id = (await Store(live_db).create(NewTodo(queue=queue, title="long job"))).todo.id
     first = await command_worker(spawner, live_server, live_db, "cmd-first", queue, slow)
 
@@ -281,7 +332,10 @@ async def test_a_killed_command_worker_lets_its_lease_lapse_and_a_second_worker_
 
     row = await until(done, "the second worker to complete it", proc=second, spawner=spawner)
     assert (row["owner"], row["attempt"], row["result"]) == (
-        "cmd-second", 2, {"finished_by_second_worker": 2})
+        "cmd-second",
+        2,
+        {"finished_by_second_worker": 2},
+    )
     assert (await transitions(live_db, todo_id))[1:] == [
         ("pending", "claimed", "cmd-first", 1, "claimed"),
         ("claimed", "pending", "reaper", 1, "lease expired (owner cmd-first)"),
@@ -294,12 +348,16 @@ async def _sigterm_command_worker_mid_run(spawner, live_server, db, tmp_path, co
     """A command worker running a command: SIGTERM. Returns (worker, todo id, the command's
     pids, seconds from SIGTERM to exit or None if it did not exit within grace + 3 s)."""
     queue = f"cmd-{uuid.uuid4().hex[:8]}"
-    command = script(tmp_path, "work.py", f"""
+    command = script(
+        tmp_path,
+        "work.py",
+        f"""
         import json, sys, time
         sys.stdin.read()
         time.sleep({command_seconds})
         print(json.dumps({{"slept": {command_seconds}}}))
-    """)
+    """,
+    )
     command = f"cd {tmp_path} && {command}"  # a shell command, as `--exec` takes: sh forks it
     todo_id = (await Store(db).create(NewTodo(queue=queue, title="busy"))).todo.id
     await Store(db).create(NewTodo(queue=queue, title="never claimed"))
@@ -321,21 +379,29 @@ async def _sigterm_command_worker_mid_run(spawner, live_server, db, tmp_path, co
 
 
 async def test_sigterm_lets_a_running_command_finish_completes_it_and_claims_nothing_more(
-        spawner, live_server, live_db, tmp_path):
+    spawner, live_server, live_db, tmp_path
+):
     worker, todo_id, _, took = await _sigterm_command_worker_mid_run(
-        spawner, live_server, live_db, tmp_path, command_seconds=1.5)
+        spawner, live_server, live_db, tmp_path, command_seconds=1.5
+    )
     assert took is not None, "the worker did not exit after SIGTERM\n" + spawner.log(worker)
     row = await todo(live_db, todo_id)
     assert (row["state"], row["result"]) == ("done", {"slept": 1.5})
     queue = row["queue"]
-    assert await live_db.fetchval(
-        "SELECT count(*) FROM todos WHERE queue = $1 AND state = 'pending' AND attempt = 0", queue) == 1
+    assert (
+        await live_db.fetchval(
+            "SELECT count(*) FROM todos WHERE queue = $1 AND state = 'pending' AND attempt = 0", queue
+        )
+        == 1
+    )
 
 
 async def test_sigterm_kills_a_command_that_outlives_the_grace_period_and_releases_its_todo(
-        spawner, live_server, live_db, tmp_path):
+    spawner, live_server, live_db, tmp_path
+):
     _, todo_id, pids, took = await _sigterm_command_worker_mid_run(
-        spawner, live_server, live_db, tmp_path, command_seconds=120)
+        spawner, live_server, live_db, tmp_path, command_seconds=120
+    )
     assert took is not None and took < COMMAND_GRACE + 3, "the worker did not stop after its grace"
     row = await todo(live_db, todo_id)
     assert (row["state"], row["owner"], row["attempt"]) == ("pending", None, 1)
@@ -361,12 +427,22 @@ PY_WORKER = """
 """
 
 
-def py_worker(spawner, tmp_path, dsn: str, queue: str, owner: str, *, ttl: float = 30,
-              handler_seconds: float = 0, grace: float = 10) -> subprocess.Popen:
+def py_worker(
+    spawner,
+    tmp_path,
+    dsn: str,
+    queue: str,
+    owner: str,
+    *,
+    ttl: float = 30,
+    handler_seconds: float = 0,
+    grace: float = 10,
+) -> subprocess.Popen:
     path = tmp_path / "py_worker.py"
     path.write_text(textwrap.dedent(PY_WORKER))
-    return spawner.start([sys.executable, str(path), dsn, queue, owner, str(ttl),
-                          str(handler_seconds), str(grace)], owner)
+    return spawner.start(
+        [sys.executable, str(path), dsn, queue, owner, str(ttl), str(handler_seconds), str(grace)], owner
+    )
 
 
 @pytest.fixture
@@ -377,7 +453,8 @@ async def db(dsn):
 
 
 async def test_a_killed_db_worker_leaves_its_todo_to_the_reaper_and_another_worker_completes_it(
-        spawner, dsn, db, tmp_path):
+    spawner, dsn, db, tmp_path
+):
     store = Store(db)
     todo_id = (await store.create(NewTodo(queue="py", title="crash me"))).todo.id
     first = py_worker(spawner, tmp_path, dsn, "py", "py-first", ttl=2, handler_seconds=120)
@@ -422,8 +499,7 @@ async def _sigterm_while_handling(spawner, tmp_path, dsn, db, *, handler_seconds
     store = Store(db)
     first_id = (await store.create(NewTodo(queue="py", title="first"))).todo.id
     second_id = (await store.create(NewTodo(queue="py", title="second"))).todo.id
-    worker = py_worker(spawner, tmp_path, dsn, "py", "py-term", handler_seconds=handler_seconds,
-                       grace=grace)
+    worker = py_worker(spawner, tmp_path, dsn, "py", "py-term", handler_seconds=handler_seconds, grace=grace)
 
     async def holding():
         return (await todo(db, first_id))["state"] == "claimed"
@@ -442,7 +518,8 @@ async def _sigterm_while_handling(spawner, tmp_path, dsn, db, *, handler_seconds
 
 async def test_sigterm_lets_a_running_handler_finish_and_claims_nothing_more(spawner, dsn, db, tmp_path):
     worker, first_id, second_id, took = await _sigterm_while_handling(
-        spawner, tmp_path, dsn, db, handler_seconds=1.5, grace=10)
+        spawner, tmp_path, dsn, db, handler_seconds=1.5, grace=10
+    )
     assert took is not None, "the worker did not exit after SIGTERM\n" + spawner.log(worker)
     first, second = await todo(db, first_id), await todo(db, second_id)
     assert (first["state"], first["result"]) == ("done", {"handled_by": "py-term"})
@@ -451,9 +528,11 @@ async def test_sigterm_lets_a_running_handler_finish_and_claims_nothing_more(spa
 
 
 async def test_sigterm_releases_what_a_slow_handler_holds_once_the_grace_period_is_over(
-        spawner, dsn, db, tmp_path):
+    spawner, dsn, db, tmp_path
+):
     _, first_id, second_id, took = await _sigterm_while_handling(
-        spawner, tmp_path, dsn, db, handler_seconds=60, grace=1)
+        spawner, tmp_path, dsn, db, handler_seconds=60, grace=1
+    )
     assert took is not None and took < 5, "the worker did not stop within its grace period"
     first, second = await todo(db, first_id), await todo(db, second_id)
     assert (first["state"], first["owner"], first["attempt"]) == ("pending", None, 1)

@@ -82,9 +82,18 @@ def pytest_collection_modifyitems(session, config, items):
 
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args):
-    return {**browser_type_launch_args, "executable_path": "/usr/bin/chromium",
-            "args": ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                     "--disable-component-update", "--no-first-run", "--disable-sync"]}
+    return {
+        **browser_type_launch_args,
+        "executable_path": "/usr/bin/chromium",
+        "args": [
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--no-first-run",
+            "--disable-sync",
+        ],
+    }
 
 
 @pytest.fixture(scope="session")
@@ -115,8 +124,12 @@ def console(page) -> list[str]:
     """Everything the page logged as an error or warning, uncaught page errors, and every CSP
     violation (with its directive and source). Also installs the SSE probe above."""
     messages: list[str] = []
-    page.on("console", lambda m: messages.append(f"{m.type}: {m.text} @ {m.location}")
-            if m.type in ("error", "warning") else None)
+    page.on(
+        "console",
+        lambda m: (
+            messages.append(f"{m.type}: {m.text} @ {m.location}") if m.type in ("error", "warning") else None
+        ),
+    )
     page.on("pageerror", lambda e: messages.append(f"pageerror: {e}"))
     page.add_init_script(SSE_PROBE)
     return messages
@@ -152,11 +165,23 @@ def browser_context_args(browser_context_args, base_url, operator_account):
     name, password = operator_account
     with httpx.Client(base_url=base_url) as http:
         http.get("/login")
-        answer = http.post("/login", data={"name": name, "password": password,
-                                           "_csrf_token": http.cookies["csrftoken"]})
+        answer = http.post(
+            "/login", data={"name": name, "password": password, "_csrf_token": http.cookies["csrftoken"]}
+        )
         assert answer.status_code == 303, answer.text
-        cookies = [{"name": c.name, "value": c.value, "domain": "127.0.0.1", "path": "/", "expires": -1,
-                    "httpOnly": True, "secure": False, "sameSite": "Strict"} for c in http.cookies.jar]
+        cookies = [
+            {
+                "name": c.name,
+                "value": c.value,
+                "domain": "127.0.0.1",
+                "path": "/",
+                "expires": -1,
+                "httpOnly": True,
+                "secure": False,
+                "sameSite": "Strict",
+            }
+            for c in http.cookies.jar
+        ]
     return {**browser_context_args, "storage_state": {"cookies": cookies, "origins": []}}
 
 
@@ -207,8 +232,10 @@ class LiveDatabase:
 
     def history(self, todo_id: str) -> list[dict]:
         async def read(conn):
-            rows = await conn.fetch("SELECT from_state, to_state, actor, note FROM todo_history "
-                                    "WHERE todo_id = $1 ORDER BY id", todo_id)
+            rows = await conn.fetch(
+                "SELECT from_state, to_state, actor, note FROM todo_history WHERE todo_id = $1 ORDER BY id",
+                todo_id,
+            )
             return [dict(r) for r in rows]
 
         return self.run(read)
