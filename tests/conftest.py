@@ -278,3 +278,9 @@ async def live_conn(live_server):
     """A connection of the test's own to the live server's database (a producer's, say)."""
     async with connected(live_server[1]) as conn:
         yield conn
+
+
+@pytest.fixture
+def live_store(live_conn) -> Store:
+    """A Store on live_conn: a producer or an agent beside the live server."""
+    return Store(live_conn)
