@@ -20,7 +20,7 @@ import pytest
 
 from dashboard.errors import MigrationError
 from dashboard.migrate import ADVISORY_LOCK_KEY, MIGRATIONS_DIR, apply_migrations, load_migrations
-from tests.conftest import scratch_database
+from tests.conftest import connected, scratch_database
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL = [m.name for m in load_migrations()]
@@ -50,9 +50,9 @@ def empty_dsn(server_dsn):
 
 @pytest.fixture
 async def empty_conn(empty_dsn):
-    conn = await asyncpg.connect(empty_dsn)
-    yield conn
-    await conn.close()
+    """A plain asyncpg connection to it (the app's connection setup needs the schema)."""
+    async with connected(empty_dsn, asyncpg.connect) as conn:
+        yield conn
 
 
 async def recorded(conn) -> list[tuple]:

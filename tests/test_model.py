@@ -35,6 +35,7 @@ from dashboard import db as dbmod
 from dashboard.errors import Conflict, InvalidInput, NotFound
 from dashboard.models import NewTodo, Todo
 from dashboard.store import Store
+from tests import factories
 from tests.conftest import drop_database, make_database
 
 QUEUES = ("a", "b")
@@ -243,6 +244,19 @@ class QueueMachine(RuleBasedStateMachine):
         lease = data.draw(st.sampled_from(leases), label="lease")
         return owner, lease
 
+    def holder_action(self, data, action: str, call, extra: str = ""):
+        """A call only the lease holder may make, `call(todo_id, owner, lease)`, on a drawn
+        claimed todo (mostly) with a drawn owner and lease; its outcome must be the model's.
+        Returns (outcome, value, the model's todo, owner)."""
+        todo_id = self.draw_id(data, "claimed")
+        owner, lease = self.draw_owner_and_lease(data, todo_id)
+        note(f"{action}({todo_id}, {owner}, lease={lease}{extra})")
+        t = self.model.get(todo_id)
+        expected = Model.holds(t, owner, lease)
+        outcome, got = self.call(call(todo_id, owner, lease))
+        self.expect(action, outcome, got, expected, t)
+        return outcome, got, t, owner
+
     def expect(self, action: str, outcome, value, expected: str, t: M | None = None) -> None:
         event(f"{action}: {outcome}")
         assert outcome == expected, (
@@ -387,13 +401,9 @@ class QueueMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.ids("claimed")))
     @rule(data=st.data())
     def heartbeat(self, data):
-        todo_id = self.draw_id(data, "claimed")
-        owner, lease = self.draw_owner_and_lease(data, todo_id)
-        note(f"heartbeat({todo_id}, {owner}, lease={lease})")
-        t = self.model.get(todo_id)
-        expected = Model.holds(t, owner, lease)
-        outcome, got = self.call(self.store.heartbeat(todo_id, owner, lease, TTL))
-        self.expect("heartbeat", outcome, got, expected, t)
+        outcome, got, t, owner = self.holder_action(
+            data, "heartbeat", lambda i, o, lease: self.store.heartbeat(i, o, lease, TTL)
+        )
         if outcome == OK:
             t.lease = "live"  # also on a lapsed lease the reaper has not taken yet
             Model.transition(t, owner, "claimed")
@@ -402,13 +412,9 @@ class QueueMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.ids("claimed")))
     @rule(data=st.data())
     def release(self, data):
-        todo_id = self.draw_id(data, "claimed")
-        owner, lease = self.draw_owner_and_lease(data, todo_id)
-        note(f"release({todo_id}, {owner}, lease={lease})")
-        t = self.model.get(todo_id)
-        expected = Model.holds(t, owner, lease)
-        outcome, got = self.call(self.store.release(todo_id, owner, lease))
-        self.expect("release", outcome, got, expected, t)
+        outcome, got, t, owner = self.holder_action(
+            data, "release", lambda i, o, lease: self.store.release(i, o, lease)
+        )
         if outcome == OK:
             t.state, t.owner, t.lease = "pending", None, None  # the attempt stays counted
             Model.transition(t, owner, "claimed")
@@ -417,13 +423,9 @@ class QueueMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.ids("claimed")))
     @rule(data=st.data())
     def complete(self, data):
-        todo_id = self.draw_id(data, "claimed")
-        owner, lease = self.draw_owner_and_lease(data, todo_id)
-        note(f"complete({todo_id}, {owner}, lease={lease})")
-        t = self.model.get(todo_id)
-        expected = Model.holds(t, owner, lease)
-        outcome, got = self.call(self.store.complete(todo_id, owner, lease, {"ok": True}))
-        self.expect("complete", outcome, got, expected, t)
+        outcome, got, t, owner = self.holder_action(
+            data, "complete", lambda i, o, lease: self.store.complete(i, o, lease, {"ok": True})
+        )
         if outcome == OK:
             t.state, t.lease = "done", None  # the last owner stays
             Model.transition(t, owner, "claimed")
@@ -433,13 +435,9 @@ class QueueMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.ids("claimed")))
     @rule(data=st.data())
     def fail(self, data):
-        todo_id = self.draw_id(data, "claimed")
-        owner, lease = self.draw_owner_and_lease(data, todo_id)
-        note(f"fail({todo_id}, {owner}, lease={lease})")
-        t = self.model.get(todo_id)
-        expected = Model.holds(t, owner, lease)
-        outcome, got = self.call(self.store.fail(todo_id, owner, lease, "boom"))
-        self.expect("fail", outcome, got, expected, t)
+        outcome, got, t, owner = self.holder_action(
+            data, "fail", lambda i, o, lease: self.store.fail(i, o, lease, "boom")
+        )
         if outcome == OK:
             Model.fail(t, owner)
             self.check("fail", got, t)
@@ -452,13 +450,10 @@ class QueueMachine(RuleBasedStateMachine):
         queues=st.lists(st.sampled_from(QUEUES), min_size=1, max_size=2, unique=True),
     )
     def complete_and_claim_next(self, data, queues):
-        todo_id = self.draw_id(data, "claimed")
-        owner, lease = self.draw_owner_and_lease(data, todo_id)
-        note(f"complete_and_claim_next({todo_id}, {owner}, lease={lease}, {queues})")
-        t = self.model.get(todo_id)
-        expected = Model.holds(t, owner, lease)
-        outcome, got = self.call(self.store.complete_and_claim_next(todo_id, owner, lease, None, queues, TTL))
-        self.expect("complete_and_claim_next", outcome, got, expected, t)
+        def call(todo_id, owner, lease):
+            return self.store.complete_and_claim_next(todo_id, owner, lease, None, queues, TTL)
+
+        outcome, got, t, owner = self.holder_action(data, "complete_and_claim_next", call, f", {queues}")
         if outcome != OK:
             return  # nothing completed, nothing claimed: the invariant checks it
         done, claimed = got
@@ -487,12 +482,7 @@ class QueueMachine(RuleBasedStateMachine):
             label="todo",
         )
         note(f"expire lease of {todo_id}")
-        self.run(
-            self.conn.execute(
-                "UPDATE todos SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
-                todo_id,
-            )
-        )
+        self.run(factories.expire_lease(self.conn, todo_id))
         self.model.todos[todo_id].lease = "lapsed"
 
     @precondition(lambda self: bool(self.ids("claimed")))
@@ -520,12 +510,7 @@ class QueueMachine(RuleBasedStateMachine):
             st.sampled_from([t.id for t in self.model.todos.values() if t.retry == "future"]), label="todo"
         )
         note(f"make retry of {todo_id} due")
-        self.run(
-            self.conn.execute(
-                "UPDATE todos SET next_retry_at = now() - interval '1 second' WHERE id = $1",
-                todo_id,
-            )
-        )
+        self.run(factories.make_retry_due(self.conn, todo_id))
         self.model.todos[todo_id].retry = "due"
 
     @precondition(lambda self: any(t.retry for t in self.model.todos.values()))

@@ -37,9 +37,9 @@ from schemathesis.specs.openapi.checks import (
 
 from dashboard import db as dbmod
 from dashboard.accounts import Accounts
-from dashboard.models import NewTodo
 from dashboard.store import Store
 from tests.conftest import run
+from tests.factories import enqueue
 
 SCHEMA_PATH = "/api/v1/docs/openapi.json"
 QUEUES = ["fuzz", "fuzz.b"]
@@ -82,9 +82,9 @@ def fuzz_setup(live_server):
         try:
             _, secret = await Accounts(conn).add_token("fuzzer", QUEUES)
             store = Store(conn)
-            await store.create(NewTodo(queue="fuzz", title="to claim"))
+            await enqueue(store, "fuzz", "to claim")
             claimed = await store.claim_next(["fuzz"], "fuzzer", 3600)
-            pending = (await store.create(NewTodo(queue="fuzz", title="to claim by id"))).todo
+            pending = await enqueue(store, "fuzz", "to claim by id")
             return {"Authorization": f"Bearer {secret}"}, pending.id, claimed.id
         finally:
             await conn.close()
