@@ -20,8 +20,9 @@ from playwright.sync_api import expect
 
 from dashboard import db as dbmod
 from dashboard.accounts import Accounts
-from dashboard.models import NewTodo, Todo
+from dashboard.models import Todo
 from dashboard.store import Store
+from tests.factories import Step, claimed, dead_letter, enqueue, history, todo_row
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
@@ -213,32 +214,21 @@ class LiveDatabase:
         return on_database(self.dsn, work)
 
     def enqueue(self, queue: str, title: str, **fields) -> Todo:
-        item = NewTodo(queue=queue, title=title, **fields)
-        return self.run(lambda conn: Store(conn).create(item)).todo
+        return self.run(lambda conn: enqueue(Store(conn), queue, title, **fields))
 
     def claimed(self, queue: str, title: str, *, owner: str = "agent-7", ttl: float = 300, **fields) -> Todo:
-        todo = self.enqueue(queue, title, **fields)
-        return self.run(lambda conn: Store(conn).claim(todo.id, owner, ttl))
+        return self.run(lambda conn: claimed(Store(conn), queue, title, owner=owner, ttl=ttl, **fields))
 
     def dead(self, queue: str, title: str, *, error: str = "boom", **fields) -> Todo:
-        todo = self.claimed(queue, title, owner="agent-1", ttl=60, max_attempts=1, **fields)
-        return self.run(lambda conn: Store(conn).fail(todo.id, "agent-1", todo.lease_token, error))
+        return self.run(
+            lambda conn: dead_letter(Store(conn), conn, queue, title, owner="agent-1", error=error, **fields)
+        )
 
     def todo(self, todo_id: str) -> Todo:
-        async def read(conn):
-            return Todo.from_record(await conn.fetchrow("SELECT * FROM todos WHERE id = $1", todo_id))
+        return self.run(lambda conn: todo_row(conn, todo_id))
 
-        return self.run(read)
-
-    def history(self, todo_id: str) -> list[dict]:
-        async def read(conn):
-            rows = await conn.fetch(
-                "SELECT from_state, to_state, actor, note FROM todo_history WHERE todo_id = $1 ORDER BY id",
-                todo_id,
-            )
-            return [dict(r) for r in rows]
-
-        return self.run(read)
+    def history(self, todo_id: str) -> list[Step]:
+        return self.run(lambda conn: history(conn, todo_id))
 
 
 @pytest.fixture(scope="session")

@@ -10,10 +10,11 @@ from __future__ import annotations
 import html
 import re
 import time
-import uuid
 
 import pytest
 from playwright.sync_api import expect
+
+from tests.factories import unique
 
 pytestmark = pytest.mark.browser
 
@@ -31,7 +32,7 @@ def csp_violations(console: list[str]) -> list[str]:
 @pytest.fixture
 def queue() -> str:
     """A queue no other test touches."""
-    return f"pw-{uuid.uuid4().hex[:10]}"
+    return unique("pw")
 
 
 def confirmations(page, *, accept: bool = True) -> list[str]:
@@ -60,12 +61,7 @@ def posted(path: str):
 
 
 def test_an_operator_logs_in_creates_an_assigned_todo_and_sees_it_on_its_queue_page(
-    page,
-    console,
-    shot,
-    operator_account,
-    live_db,
-    queue,
+    page, console, shot, operator_account, live_db, queue
 ):
     name, password = operator_account
     page.context.clear_cookies()  # contexts start logged in; this test logs in through the form
@@ -100,12 +96,7 @@ def test_an_operator_logs_in_creates_an_assigned_todo_and_sees_it_on_its_queue_p
 
 
 def test_a_todo_enqueued_elsewhere_appears_on_the_open_overview_within_two_seconds(
-    logged_in,
-    console,
-    listening,
-    live_db,
-    queue,
-    shot,
+    logged_in, console, listening, live_db, queue, shot
 ):
     page = logged_in
     listening()
@@ -122,12 +113,7 @@ def test_a_todo_enqueued_elsewhere_appears_on_the_open_overview_within_two_secon
 
 
 def test_the_new_work_notice_names_the_queue_that_got_work(
-    logged_in,
-    console,
-    listening,
-    live_db,
-    queue,
-    shot,
+    logged_in, console, listening, live_db, queue, shot
 ):
     page = logged_in
     page.goto(f"/queues/{queue}")
@@ -142,11 +128,7 @@ def test_the_new_work_notice_names_the_queue_that_got_work(
 
 
 def test_a_dead_letter_retried_from_the_dead_letters_page_moves_to_ready(
-    logged_in,
-    console,
-    live_db,
-    queue,
-    shot,
+    logged_in, console, live_db, queue, shot
 ):
     page = logged_in
     died = live_db.dead(queue, "bounced mail", error="SMTP 550: mailbox unavailable")
@@ -171,12 +153,7 @@ def test_a_dead_letter_retried_from_the_dead_letters_page_moves_to_ready(
 
 @pytest.mark.parametrize("button", ["Retry", "Retry selected", "Retry all"])
 def test_every_dead_letter_retry_button_asks_first_and_does_nothing_when_declined(
-    logged_in,
-    console,
-    live_db,
-    queue,
-    shot,
-    button,
+    logged_in, console, live_db, queue, shot, button
 ):
     page = logged_in
     died = live_db.dead(queue, "keep me dead")
@@ -198,12 +175,7 @@ def test_every_dead_letter_retry_button_asks_first_and_does_nothing_when_decline
 
 
 def test_the_retry_report_stays_on_screen_while_the_table_refreshes_live(
-    logged_in,
-    console,
-    listening,
-    live_db,
-    queue,
-    shot,
+    logged_in, console, listening, live_db, queue, shot
 ):
     page = logged_in
     keyed = live_db.dead(queue, "keyed", idempotency_key="order-7")
@@ -239,12 +211,7 @@ def test_the_retry_report_stays_on_screen_while_the_table_refreshes_live(
 
 
 def test_a_lease_is_force_released_from_the_leases_page(
-    logged_in,
-    console,
-    live_db,
-    queue,
-    shot,
-    operator_account,
+    logged_in, console, live_db, queue, shot, operator_account
 ):
     page = logged_in
     held = live_db.claimed(queue, "stuck job", owner="agent-gone", ttl=600)
@@ -263,16 +230,12 @@ def test_a_lease_is_force_released_from_the_leases_page(
     expect(row).to_have_count(0)
     after = live_db.todo(held.id)
     assert (after.state, after.owner) == ("pending", None)
-    assert live_db.history(held.id)[-1]["actor"] == f"operator:{operator_account[0]}"
+    assert live_db.history(held.id)[-1].actor == f"operator:{operator_account[0]}"
     assert csp_violations(console) == [], "\n".join(console)
 
 
 def test_markup_in_a_title_and_payload_is_shown_as_text_and_never_runs(
-    logged_in,
-    console,
-    live_db,
-    queue,
-    shot,
+    logged_in, console, live_db, queue, shot
 ):
     page = logged_in
     title = '<script>window.__xss = "title"</script><img src=x onerror="window.__xss = 1"><b>bold</b>'
@@ -300,12 +263,7 @@ def test_markup_in_a_title_and_payload_is_shown_as_text_and_never_runs(
 
 
 def test_an_open_page_keeps_updating_after_the_servers_listen_connection_is_killed(
-    logged_in,
-    console,
-    listening,
-    live_db,
-    queue,
-    shot,
+    logged_in, console, listening, live_db, queue, shot
 ):
     page = logged_in
     listening()
@@ -351,11 +309,7 @@ def test_the_lease_countdown_ticks_down_in_the_browser(logged_in, console, live_
 
 
 def test_no_page_breaks_the_content_security_policy_which_is_enforced(
-    logged_in,
-    console,
-    live_db,
-    queue,
-    shot,
+    logged_in, console, live_db, queue, shot
 ):
     page = logged_in
     died = live_db.dead(queue, "a dead one")
@@ -407,12 +361,7 @@ def test_a_new_work_notice_raises_no_script_error(logged_in, console, listening,
 
 
 def test_a_ticked_dead_letter_selection_survives_live_refreshes(
-    logged_in,
-    console,
-    listening,
-    live_db,
-    queue,
-    shot,
+    logged_in, console, listening, live_db, queue, shot
 ):
     page = logged_in
     first = live_db.dead(queue, "first to die")
