@@ -147,9 +147,13 @@ def store(pool) -> Store:
 
 # -- one database for a whole module -------------------------------------------------
 # For modules of many small tests: one clone, emptied before each test (far cheaper than
-# CREATE DATABASE per test, and every test still starts from nothing). Such a module runs
-# on one event loop: pytestmark = [pytest.mark.asyncio(loop_scope="module"),
-# pytest.mark.usefixtures("fresh_module_db")].
+# CREATE DATABASE per test, and every test still starts from nothing). Such a module says
+# `pytestmark = ONE_DATABASE_PER_MODULE` and runs on one event loop.
+
+ONE_DATABASE_PER_MODULE = [
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.usefixtures("fresh_module_db"),
+]
 
 
 @pytest.fixture(scope="module")

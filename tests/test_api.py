@@ -19,7 +19,7 @@ import pytest_asyncio
 
 from dashboard.accounts import Accounts
 from dashboard.models import MAX_JSON_BYTES
-from tests.conftest import build_app, in_process
+from tests.conftest import ONE_DATABASE_PER_MODULE, build_app, in_process
 from tests.factories import (
     agent_token,
     enqueue,
@@ -41,7 +41,7 @@ PROBLEM = "application/problem+json"
 # One database and one app (lifespan and LISTEN hub; no reaper, since a test here moves time
 # by SQL) for the whole module, emptied before each test: far cheaper than a database and
 # an app per test, and every test still starts from nothing.
-pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.usefixtures("fresh_module_db")]
+pytestmark = ONE_DATABASE_PER_MODULE
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -87,6 +87,11 @@ async def claim(client, headers, queues=("work",), ttl: float = 30) -> dict:
     response = await client.post(f"{API}/claims", json={"queues": list(queues), "ttl": ttl}, headers=headers)
     assert response.status_code == 200, response.text
     return response.json()
+
+
+async def batch(client, headers, todos: list[dict]):
+    """POST todos/batch with these items; the response."""
+    return await client.post(f"{API}/todos/batch", headers=headers, json={"todos": todos})
 
 
 async def act(client, headers, held: dict, action: str, **body):
@@ -186,7 +191,7 @@ async def test_batch_answers_one_result_per_item_in_order_each_with_created(api_
         {"queue": "other", "title": "d", "idempotency_key": "x"},
         {"queue": "work", "title": "e", "event": {"source": "s", "kind": "k"}},
     ]
-    response = await api_client.post(f"{API}/todos/batch", headers=bot, json={"todos": items})
+    response = await batch(api_client, bot, items)
     assert response.status_code == 200, response.text
     results = response.json()["results"]
     assert [r["created"] for r in results] == [True, True, False, False, True]
@@ -202,16 +207,8 @@ async def test_batch_answers_one_result_per_item_in_order_each_with_created(api_
 
 async def test_a_batch_with_one_invalid_item_creates_nothing_and_names_the_item(api_client, module_pool, bot):
     before = await snapshot(module_pool)
-    response = await api_client.post(
-        f"{API}/todos/batch",
-        headers=bot,
-        json={
-            "todos": [
-                {"queue": "work", "title": "fine", "event": {"source": "s", "kind": "k"}},
-                {"queue": "work", "title": "bad", "max_attempts": 0},
-            ]
-        },
-    )
+    fine = {"queue": "work", "title": "fine", "event": {"source": "s", "kind": "k"}}
+    response = await batch(api_client, bot, [fine, {"queue": "work", "title": "bad", "max_attempts": 0}])
     problem(response, 422, field="todos[1].max_attempts")
     assert await snapshot(module_pool) == before
 
@@ -432,12 +429,17 @@ async def test_completing_a_todo_held_by_another_agent_answers_409_and_leaves_it
     assert await snapshot(module_pool) == before
 
 
-async def test_fail_below_the_cap_says_it_will_retry_and_when(api_client, module_pool, bot):
-    await create(api_client, bot, max_attempts=2)
-    held = await claim(api_client, bot)
-    response = await act(api_client, bot, held, "fail", error="smtp timeout")
+async def failed_once(client, headers, *, max_attempts: int, error: str) -> tuple[dict, dict]:
+    """A new todo claimed and failed once through the API: (the claim, the fail's answer)."""
+    await create(client, headers, max_attempts=max_attempts)
+    held = await claim(client, headers)
+    response = await act(client, headers, held, "fail", error=error)
     assert response.status_code == 200, response.text
-    body = response.json()
+    return held, response.json()
+
+
+async def test_fail_below_the_cap_says_it_will_retry_and_when(api_client, module_pool, bot):
+    held, body = await failed_once(api_client, bot, max_attempts=2, error="smtp timeout")
     assert (body["will_retry"], body["dead_lettered"]) == (True, False)
     stored = await todo_row(module_pool, held["id"])
     assert parse(body["retry_at"]) == stored.next_retry_at
@@ -448,11 +450,7 @@ async def test_fail_below_the_cap_says_it_will_retry_and_when(api_client, module
 
 
 async def test_fail_at_the_cap_says_dead_lettered(api_client, module_pool, bot):
-    await create(api_client, bot, max_attempts=1)
-    held = await claim(api_client, bot)
-    response = await act(api_client, bot, held, "fail", error="bad address")
-    assert response.status_code == 200, response.text
-    body = response.json()
+    held, body = await failed_once(api_client, bot, max_attempts=1, error="bad address")
     assert (body["will_retry"], body["retry_at"], body["dead_lettered"]) == (False, None, True)
     stored = await todo_row(module_pool, held["id"])
     assert (stored.state, stored.last_error) == ("failed", "bad address")
@@ -506,11 +504,7 @@ async def test_list_shows_only_the_queues_the_token_covers(api_client, module_po
 
 
 async def test_list_paginates_by_keyset_with_next_and_after(api_client, module_pool, bot):
-    response = await api_client.post(
-        f"{API}/todos/batch",
-        headers=bot,
-        json={"todos": [{"queue": "work", "title": f"t{i}"} for i in range(7)]},
-    )
+    response = await batch(api_client, bot, [{"queue": "work", "title": f"t{i}"} for i in range(7)])
     assert response.status_code == 200
     expected = [
         r["id"] for r in await module_pool.fetch("SELECT id FROM todos ORDER BY created_at DESC, id DESC")
@@ -594,10 +588,8 @@ async def test_a_token_used_for_another_queue_is_403_and_changes_nothing(
     if endpoint == "create":
         response = await api_client.post(f"{API}/todos", headers=bot, json={"queue": "secret", "title": "t"})
     elif endpoint == "batch":
-        response = await api_client.post(
-            f"{API}/todos/batch",
-            headers=bot,
-            json={"todos": [{"queue": "work", "title": "ok"}, {"queue": "secret", "title": "no"}]},
+        response = await batch(
+            api_client, bot, [{"queue": "work", "title": "ok"}, {"queue": "secret", "title": "no"}]
         )
     elif endpoint == "claims":
         response = await api_client.post(
@@ -788,15 +780,8 @@ async def test_an_oversized_result_is_413_and_the_todo_stays_claimed(api_client,
 
 async def test_a_request_body_over_the_server_limit_is_413(api_client, module_pool, bot):
     before = await snapshot(module_pool)
-    response = await api_client.post(
-        f"{API}/todos/batch",
-        headers=bot,
-        json={
-            "todos": [
-                {"queue": "work", "title": f"t{i}", "payload": {"blob": "x" * 200_000}} for i in range(50)
-            ]
-        },
-    )
+    items = [{"queue": "work", "title": f"t{i}", "payload": {"blob": "x" * 200_000}} for i in range(50)]
+    response = await batch(api_client, bot, items)
     problem(response, 413)
     assert await snapshot(module_pool) == before
 

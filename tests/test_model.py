@@ -287,6 +287,17 @@ class QueueMachine(RuleBasedStateMachine):
             left = (got.lease_expires_at - got.updated_at).total_seconds()
             assert abs(left - TTL) < 1, f"{action}: lease of {left} s, asked for {TTL} s"
 
+    def check_next_claim(self, action: str, queues, owner: str, claimed: Todo | None) -> None:
+        """What claim_next (alone or after a complete) claimed is the model's oldest claimable
+        todo in `queues`, or None when there is none; the model then claims it too."""
+        want = self.model.pick(queues, owner, 1)
+        if not want:
+            assert claimed is None, f"{action}: nothing is claimable, store claimed {claimed}"
+            return
+        assert claimed is not None, f"{action}: store claimed nothing, model expects {want[0].id}"
+        Model.claim(want[0], owner)
+        self.check(action, claimed, want[0])
+
     def settle_retry(self, got: Todo) -> None:
         """A fresh retry time is backoff(attempt) ahead; push it an hour on, out of reach."""
         if got.state != "pending" or got.next_retry_at is None:
@@ -357,15 +368,9 @@ class QueueMachine(RuleBasedStateMachine):
     )
     def claim_next(self, queues, owner):
         note(f"claim_next({queues}, {owner})")
-        want = self.model.pick(queues, owner, 1)
         outcome, got = self.call(self.store.claim_next(queues, owner, TTL))
         self.expect("claim_next", outcome, got, OK)
-        if not want:
-            assert got is None, f"claim_next: nothing is claimable, store claimed {got}"
-            return
-        assert got is not None, f"claim_next: store claimed nothing, model expects {want[0].id}"
-        Model.claim(want[0], owner)
-        self.check("claim_next", got, want[0])
+        self.check_next_claim("claim_next", queues, owner, got)
 
     @rule(
         queues=st.lists(st.sampled_from(QUEUES), min_size=1, max_size=2, unique=True),
@@ -460,13 +465,7 @@ class QueueMachine(RuleBasedStateMachine):
         t.state, t.lease = "done", None
         Model.transition(t, owner, "claimed")
         self.check("complete_and_claim_next (done)", done, t)
-        want = self.model.pick(queues, owner, 1)
-        if not want:
-            assert claimed is None, f"nothing is claimable, store claimed {claimed}"
-            return
-        assert claimed is not None, f"store claimed nothing, model expects {want[0].id}"
-        Model.claim(want[0], owner)
-        self.check("complete_and_claim_next (claimed)", claimed, want[0])
+        self.check_next_claim("complete_and_claim_next (claimed)", queues, owner, claimed)
 
     # -- time, the reaper and retry promotion ------------------------------------------
 

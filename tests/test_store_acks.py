@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 
 from dashboard.errors import Conflict, InvalidInput, NotFound
+from tests.conftest import ONE_DATABASE_PER_MODULE
 from tests.factories import (
     claimed,
     db_now,
@@ -25,7 +26,7 @@ from tests.factories import (
     todo_row,
 )
 
-pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.usefixtures("fresh_module_db")]
+pytestmark = ONE_DATABASE_PER_MODULE
 
 
 # -- heartbeat -------------------------------------------------------------------------

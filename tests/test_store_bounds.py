@@ -13,6 +13,7 @@ import pytest
 
 from dashboard.errors import InvalidInput
 from dashboard.models import MAX_JSON_BYTES
+from tests.conftest import ONE_DATABASE_PER_MODULE
 from tests.factories import (
     claimed,
     enqueue,
@@ -21,7 +22,7 @@ from tests.factories import (
     todo_row,
 )
 
-pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.usefixtures("fresh_module_db")]
+pytestmark = ONE_DATABASE_PER_MODULE
 
 
 # -- input bounds ----------------------------------------------------------------------

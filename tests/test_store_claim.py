@@ -14,6 +14,7 @@ import pytest
 
 from dashboard.errors import Conflict, InvalidInput, NotFound
 from dashboard.store import MAX_BATCH
+from tests.conftest import ONE_DATABASE_PER_MODULE
 from tests.factories import (
     claimed,
     db_now,
@@ -26,7 +27,7 @@ from tests.factories import (
     todo_row,
 )
 
-pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.usefixtures("fresh_module_db")]
+pytestmark = ONE_DATABASE_PER_MODULE
 
 
 # -- claim_next, claim_batch -----------------------------------------------------------

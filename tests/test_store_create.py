@@ -12,6 +12,7 @@ import pytest
 from dashboard.errors import InvalidInput
 from dashboard.models import STATES, NewEvent
 from dashboard.store import MAX_BATCH
+from tests.conftest import ONE_DATABASE_PER_MODULE
 from tests.factories import (
     claimed,
     dead_letter,
@@ -22,7 +23,7 @@ from tests.factories import (
     todo_row,
 )
 
-pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.usefixtures("fresh_module_db")]
+pytestmark = ONE_DATABASE_PER_MODULE
 
 
 # -- the schema and the model agree ------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from dashboard.errors import Conflict, NotFound
+from tests.conftest import ONE_DATABASE_PER_MODULE
 from tests.factories import (
     claimed,
     dead_letter,
@@ -19,7 +20,7 @@ from tests.factories import (
     todo_row,
 )
 
-pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.usefixtures("fresh_module_db")]
+pytestmark = ONE_DATABASE_PER_MODULE
 
 
 # -- operators: retry, retry_many, force_release -------------------------------------

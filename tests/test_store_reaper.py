@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pytest
-
 from dashboard import db as dbmod
 from dashboard.store import Store
+from tests.conftest import ONE_DATABASE_PER_MODULE
 from tests.factories import (
     claimed,
     db_now,
@@ -27,7 +26,7 @@ from tests.factories import (
     todo_row,
 )
 
-pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.usefixtures("fresh_module_db")]
+pytestmark = ONE_DATABASE_PER_MODULE
 
 
 # -- the reaper ------------------------------------------------------------------------
