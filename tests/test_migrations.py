@@ -13,16 +13,14 @@ import os
 import shutil
 import sys
 import time
-from pathlib import Path
 
 import asyncpg
 import pytest
 
 from dashboard.errors import MigrationError
 from dashboard.migrate import ADVISORY_LOCK_KEY, MIGRATIONS_DIR, apply_migrations, load_migrations
-from tests.conftest import connected, scratch_database
+from tests.conftest import ROOT, connected, scratch_database
 
-ROOT = Path(__file__).resolve().parent.parent
 ALL = [m.name for m in load_migrations()]
 
 MIGRATE_SCRIPT = """

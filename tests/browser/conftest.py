@@ -22,9 +22,9 @@ from dashboard import db as dbmod
 from dashboard.accounts import Accounts
 from dashboard.models import Todo
 from dashboard.store import Store
+from tests.conftest import ROOT
 from tests.factories import Step, claimed, dead_letter, enqueue, history, todo_row
 
-ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
 OPERATOR = "pw-olga"
 
