@@ -16,10 +16,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
+import pytest_asyncio
 
 from dashboard import db as dbmod
 from dashboard.migrate import apply_migrations
 from dashboard.store import Store
+from tests.factories import empty_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 _counter = itertools.count()
@@ -115,6 +117,16 @@ def dsn(server_dsn, template_db):
         yield url
 
 
+@contextlib.asynccontextmanager
+async def connected(dsn: str, connect=dbmod.connect):
+    """A connection to `dsn` (the app's settings unless `connect` says otherwise), closed on exit."""
+    conn = await connect(dsn)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
 @pytest.fixture
 async def pool(dsn):
     pool = await dbmod.create_pool(dsn, min_size=1, max_size=20)
@@ -124,9 +136,8 @@ async def pool(dsn):
 
 @pytest.fixture
 async def conn(dsn):
-    conn = await dbmod.connect(dsn)
-    yield conn
-    await conn.close()
+    async with connected(dsn) as conn:
+        yield conn
 
 
 @pytest.fixture
@@ -134,45 +145,86 @@ def store(pool) -> Store:
     return Store(pool)
 
 
+# -- one database for a whole module -------------------------------------------------
+# For modules of many small tests: one clone, emptied before each test (far cheaper than
+# CREATE DATABASE per test, and every test still starts from nothing). Such a module says
+# `pytestmark = ONE_DATABASE_PER_MODULE` and runs on one event loop.
+
+ONE_DATABASE_PER_MODULE = [
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.usefixtures("fresh_module_db"),
+]
+
+
+@pytest.fixture(scope="module")
+def module_dsn(server_dsn, template_db):
+    """A migrated database shared by the module's tests; its URL."""
+    with scratch_database(server_dsn, template_db) as url:
+        yield url
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def module_pool(module_dsn):
+    pool = await dbmod.create_pool(module_dsn, min_size=1, max_size=20)
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture(scope="module")
+def module_store(module_pool) -> Store:
+    return Store(module_pool)
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def fresh_module_db(module_pool):
+    """The module's database with its tables emptied, before the test."""
+    await empty_tables(module_pool)
+
+
 # -- the web app ---------------------------------------------------------------------
 
-@pytest.fixture
-async def app(dsn, pool):
+
+async def build_app(dsn: str, pool, *, reaper: bool = True):
+    """The real app on `dsn`, with the secrets stored there."""
     from dashboard.web.app import create_app, load_secrets
 
-    return create_app(dsn, await load_secrets(dbmod.Database(dsn=dsn, pool=pool)), pool_size=4)
+    secrets = await load_secrets(dbmod.Database(dsn=dsn, pool=pool))
+    return create_app(dsn, secrets, reaper=reaper, pool_size=4)
 
 
-@pytest.fixture
-async def client(app):
-    """An in-process HTTP client; the app's lifespan (hub, reaper) runs around it."""
+@contextlib.asynccontextmanager
+async def in_process(app):
+    """An in-process HTTP client; the app's lifespan (hub, and the reaper if it has one) runs
+    around it."""
     from litestar.testing import AsyncTestClient
 
     async with AsyncTestClient(app, base_url="http://testserver.local") as client:
         yield client
 
 
-async def login(client, pool, name: str = "olga", role: str = "operator") -> str:
-    """Create an operator and log the client in; returns the CSRF token for later posts."""
-    from dashboard.accounts import Accounts
-
-    password = await Accounts(pool).add_operator(name, role)
-    await client.get("/login")
-    token = client.cookies.get("csrftoken")
-    response = await client.post(
-        "/login", data={"name": name, "password": password, "_csrf_token": token},
-        follow_redirects=False,
-    )
-    assert response.status_code == 303, response.text
-    return token
+@pytest.fixture
+async def app(dsn, pool):
+    """The app as `switchboard serve` runs it, reaper included."""
+    return await build_app(dsn, pool)
 
 
-async def agent_token(pool, agent: str = "bot", queues=("work",)) -> dict:
-    """Authorization headers for a new API token."""
-    from dashboard.accounts import Accounts
+@pytest.fixture
+async def client(app):
+    async with in_process(app) as client:
+        yield client
 
-    _, secret = await Accounts(pool).add_token(agent, list(queues))
-    return {"Authorization": f"Bearer {secret}"}
+
+@pytest.fixture
+async def app_without_reaper(dsn, pool):
+    """The app with no reaper: for tests that move time by SQL (a lease or a retry into the
+    past) and then look, before anything but the test itself could act on it."""
+    return await build_app(dsn, pool, reaper=False)
+
+
+@pytest.fixture
+async def client_without_reaper(app_without_reaper):
+    async with in_process(app_without_reaper) as client:
+        yield client
 
 
 @pytest.fixture(scope="session")
@@ -195,7 +247,10 @@ def live_server(server_dsn, template_db, tmp_path_factory):
     log = open(log_path, "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [sys.executable, "-m", "dashboard.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
-        env={**os.environ, "DATABASE_URL": url}, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": url},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -220,3 +275,16 @@ def live_server(server_dsn, template_db, tmp_path_factory):
             proc.wait()
         log.close()
         run(drop_database(server_dsn, name))
+
+
+@pytest.fixture
+async def live_conn(live_server):
+    """A connection of the test's own to the live server's database (a producer's, say)."""
+    async with connected(live_server[1]) as conn:
+        yield conn
+
+
+@pytest.fixture
+def live_store(live_conn) -> Store:
+    """A Store on live_conn: a producer or an agent beside the live server."""
+    return Store(live_conn)

@@ -15,8 +15,8 @@ import pytest
 
 from dashboard import db as dbmod
 from dashboard.errors import Conflict
-from dashboard.models import NewTodo
 from dashboard.store import MAX_BATCH, Store
+from tests.factories import new_todo
 
 
 @asynccontextmanager
@@ -29,30 +29,28 @@ async def stores(dsn: str, n: int):
         await asyncio.gather(*(c.close() for c in conns))
 
 
-async def enqueue(store: Store, count: int, queue: str = "q", **kw) -> list[str]:
+async def enqueue_many(store: Store, count: int, queue: str = "q", **kw) -> list[str]:
     ids = []
     for start in range(0, count, MAX_BATCH):
-        batch = [
-            NewTodo(queue=queue, title=f"t{i}", **kw)
-            for i in range(start, min(count, start + MAX_BATCH))
-        ]
+        batch = [new_todo(queue, f"t{i}", **kw) for i in range(start, min(count, start + MAX_BATCH))]
         ids += [r.todo.id for r in await store.create_many(batch)]
     return ids
 
 
-async def transitions(conn, from_state: str | None, to_state: str) -> Counter:
+async def transition_counts(conn, from_state: str | None, to_state: str) -> Counter:
     """How many history rows each todo has for one transition."""
     rows = await conn.fetch(
         "SELECT todo_id, count(*) AS n FROM todo_history "
         "WHERE from_state IS NOT DISTINCT FROM $1::todo_state AND to_state = $2::todo_state "
         "GROUP BY todo_id",
-        from_state, to_state,
+        from_state,
+        to_state,
     )
     return Counter({r["todo_id"]: r["n"] for r in rows})
 
 
 async def test_sixteen_claimers_claim_each_of_five_thousand_todos_exactly_once(dsn, conn):
-    ids = await enqueue(Store(conn), 5000)
+    ids = await enqueue_many(Store(conn), 5000)
 
     async def claimer(store: Store, name: str, batch: int) -> list[str]:
         got = []
@@ -68,32 +66,38 @@ async def test_sixteen_claimers_claim_each_of_five_thousand_todos_exactly_once(d
             got += [t.id for t in claimed]
 
     async with stores(dsn, 16) as claimers:
-        per_claimer = await asyncio.gather(*(
-            claimer(s, f"w{i}", 1 if i % 2 else 7) for i, s in enumerate(claimers)
-        ))
+        per_claimer = await asyncio.gather(
+            *(claimer(s, f"w{i}", 1 if i % 2 else 7) for i, s in enumerate(claimers))
+        )
 
     everything = [todo_id for got in per_claimer for todo_id in got]
     assert len(everything) == len(set(everything)) == 5000, "claimed twice or lost"
     assert set(everything) == set(ids)
     assert all(per_claimer), "every claimer should have taken part in the race"
 
-    owners = {r["id"]: r["owner"] for r in await conn.fetch(
-        "SELECT id, owner FROM todos WHERE state = 'claimed' AND attempt = 1 AND lease_token = 1"
-    )}
+    owners = {
+        r["id"]: r["owner"]
+        for r in await conn.fetch(
+            "SELECT id, owner FROM todos WHERE state = 'claimed' AND attempt = 1 AND lease_token = 1"
+        )
+    }
     assert len(owners) == 5000
     for i, got in enumerate(per_claimer):
         assert {owners[todo_id] for todo_id in got} == {f"w{i}"}
 
-    claims = await transitions(conn, "pending", "claimed")
+    claims = await transition_counts(conn, "pending", "claimed")
     assert set(claims) == set(ids) and set(claims.values()) == {1}
-    assert await conn.fetchval(
-        "SELECT count(*) FROM todo_history h JOIN todos t ON t.id = h.todo_id "
-        "WHERE h.to_state = 'claimed' AND h.actor IS DISTINCT FROM t.owner"
-    ) == 0
+    assert (
+        await conn.fetchval(
+            "SELECT count(*) FROM todo_history h JOIN todos t ON t.id = h.todo_id "
+            "WHERE h.to_state = 'claimed' AND h.actor IS DISTINCT FROM t.owner"
+        )
+        == 0
+    )
 
 
 async def test_busy_workers_completing_and_claiming_next_finish_each_todo_exactly_once(dsn, conn):
-    ids = await enqueue(Store(conn), 1000)
+    ids = await enqueue_many(Store(conn), 1000)
 
     async def worker(store: Store, name: str) -> list[str]:
         finished = []
@@ -110,11 +114,12 @@ async def test_busy_workers_completing_and_claiming_next_finish_each_todo_exactl
 
     everything = [todo_id for got in per_worker for todo_id in got]
     assert len(everything) == len(set(everything)) == 1000
-    assert await conn.fetchval(
-        "SELECT count(*) FROM todos WHERE state = 'done' AND result->>'by' = owner"
-    ) == 1000
+    assert (
+        await conn.fetchval("SELECT count(*) FROM todos WHERE state = 'done' AND result->>'by' = owner")
+        == 1000
+    )
     for from_state, to_state in (("pending", "claimed"), ("claimed", "done")):
-        counts = await transitions(conn, from_state, to_state)
+        counts = await transition_counts(conn, from_state, to_state)
         assert set(counts) == set(ids) and set(counts.values()) == {1}, (from_state, to_state)
 
 
@@ -122,10 +127,7 @@ async def race_enqueue(producers: list[Store], key: str, each: int):
     """Every producer delivers `each` copies of one key, all producers at once."""
 
     async def producer(store: Store):
-        return [
-            await store.create(NewTodo(queue="hooks", title="delivery", idempotency_key=key))
-            for _ in range(each)
-        ]
+        return [await store.create(new_todo("hooks", "delivery", idempotency_key=key)) for _ in range(each)]
 
     per_producer = await asyncio.gather(*(producer(s) for s in producers))
     return [r for results in per_producer for r in results]
@@ -148,8 +150,8 @@ async def test_five_hundred_concurrent_deliveries_of_one_key_make_one_todo(produ
         "WHERE queue = 'hooks' AND idempotency_key = 'evt-1'"
     )
     assert (row["n"], row["hits"]) == (1, 499)
-    assert (await transitions(conn, None, "pending"))[todo_id] == 1
-    assert (await transitions(conn, "pending", "pending"))[todo_id] == 499
+    assert (await transition_counts(conn, None, "pending"))[todo_id] == 1
+    assert (await transition_counts(conn, "pending", "pending"))[todo_id] == 499
 
     # Once done, the same key starts a new todo: again exactly one, however many race.
     store = Store(conn)
@@ -163,13 +165,9 @@ async def test_five_hundred_concurrent_deliveries_of_one_key_make_one_todo(produ
     assert hits == {todo_id: 499, second_id: 499}
 
 
-async def test_after_a_dead_letter_concurrent_deliveries_of_its_key_make_one_new_todo(
-    producers, conn
-):
+async def test_after_a_dead_letter_concurrent_deliveries_of_its_key_make_one_new_todo(producers, conn):
     store = Store(conn)
-    first = await store.create(
-        NewTodo(queue="hooks", title="delivery", idempotency_key="evt-2", max_attempts=1)
-    )
+    first = await store.create(new_todo("hooks", "delivery", idempotency_key="evt-2", max_attempts=1))
     held = await store.claim(first.todo.id, "w1", 30)
     assert (await store.fail(held.id, "w1", held.lease_token, "boom")).state == "failed"
 
@@ -184,8 +182,8 @@ async def test_after_a_dead_letter_concurrent_deliveries_of_its_key_make_one_new
 
 async def test_eight_reapers_reap_each_of_a_thousand_expired_leases_exactly_once(dsn, conn):
     store = Store(conn)
-    retried = await enqueue(store, 500)
-    dead = await enqueue(store, 500, max_attempts=1)
+    retried = await enqueue_many(store, 500)
+    dead = await enqueue_many(store, 500, max_attempts=1)
     assert len(await store.claim_batch(["q"], "gone", 60, 1000)) == 1000
     await conn.execute("UPDATE todos SET lease_expires_at = now() - interval '1 second'")
 
@@ -208,15 +206,18 @@ async def test_eight_reapers_reap_each_of_a_thousand_expired_leases_exactly_once
     assert {(r["n"], r["note"]) for r in by_reaper} == {(1, "lease expired (owner gone)")}
     states = dict(await conn.fetch("SELECT state::text, count(*) FROM todos GROUP BY state"))
     assert states == {"pending": 500, "failed": 500}
-    assert await conn.fetchval(
-        "SELECT count(*) FROM todos WHERE state = 'failed' AND id = ANY($1)", dead) == 500
-    assert await conn.fetchval(
-        "SELECT count(*) FROM todos WHERE state = 'pending' AND id = ANY($1)", retried) == 500
+    assert (
+        await conn.fetchval("SELECT count(*) FROM todos WHERE state = 'failed' AND id = ANY($1)", dead) == 500
+    )
+    assert (
+        await conn.fetchval("SELECT count(*) FROM todos WHERE state = 'pending' AND id = ANY($1)", retried)
+        == 500
+    )
 
 
 async def test_reapers_racing_late_completions_never_reopen_a_done_todo(dsn, conn):
     store = Store(conn)
-    await enqueue(store, 600)
+    await enqueue_many(store, 600)
     held = await store.claim_batch(["q"], "slow", 60, 600)
     # Reapers take the oldest expiries first; completers start from the other end, so the
     # two sides meet somewhere in the middle and fight over the same rows there.
@@ -251,14 +252,17 @@ async def test_reapers_racing_late_completions_never_reopen_a_done_todo(dsn, con
     assert len(completed) == 600
     assert 0 < sum(completed.values()) < 600, "both sides should have won some todos"
 
-    rows = {r["id"]: r for r in await conn.fetch(
-        "SELECT t.id, t.state::text AS state, "
-        "       (SELECT count(*) FROM todo_history h WHERE h.todo_id = t.id "
-        "        AND h.actor = 'reaper') AS reaped, "
-        "       (SELECT count(*) FROM todo_history h WHERE h.todo_id = t.id "
-        "        AND h.to_state = 'done') AS done "
-        "FROM todos t"
-    )}
+    rows = {
+        r["id"]: r
+        for r in await conn.fetch(
+            "SELECT t.id, t.state::text AS state, "
+            "       (SELECT count(*) FROM todo_history h WHERE h.todo_id = t.id "
+            "        AND h.actor = 'reaper') AS reaped, "
+            "       (SELECT count(*) FROM todo_history h WHERE h.todo_id = t.id "
+            "        AND h.to_state = 'done') AS done "
+            "FROM todos t"
+        )
+    }
     for todo_id, won in completed.items():
         row = rows[todo_id]
         if won:

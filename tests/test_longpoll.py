@@ -10,36 +10,46 @@ since the live server is shared by the session.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 
-from dashboard import db as dbmod
-from dashboard.models import NewTodo
-from dashboard.store import Store
-from tests.conftest import agent_token
+from tests.factories import agent_token, enqueue, unique
 
 API = "/api/v1"
 
 
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
 @pytest.fixture
-async def db(live_server):
-    """A connection of our own to the live server's database (the producer's side)."""
-    conn = await dbmod.connect(live_server[1])
-    yield conn
-    await conn.close()
+async def poller(live_conn) -> tuple[str, dict]:
+    """A queue of the test's own on the live server, and a token of agent `poller` for it."""
+    queue = unique("lp")
+    return queue, await agent_token(live_conn, "poller", [queue])
 
 
-async def enqueue(db, queue: str, title: str = "t") -> str:
-    return (await Store(db).create(NewTodo(queue=queue, title=title))).todo.id
+def live_http(live_server, **kwargs) -> httpx.AsyncClient:
+    """An HTTP client for the live server."""
+    return httpx.AsyncClient(base_url=live_server[0], **{"timeout": 30, **kwargs})
+
+
+def claims(http: httpx.AsyncClient, headers: dict, queue: str, *, wait: float, ttl: float = 60):
+    """POST /claims on one queue, waiting up to `wait` seconds for work."""
+    return http.post(f"{API}/claims", headers=headers, json={"queues": [queue], "ttl": ttl, "wait": wait})
+
+
+@contextlib.asynccontextmanager
+async def channel(live_server, headers: dict, queues: list[str]):
+    """The open SSE response of GET /channels for `queues`."""
+    async with (
+        live_http(live_server, timeout=httpx.Timeout(10, read=30)) as http,
+        http.stream(
+            "GET", f"{API}/channels", headers=headers, params={"queues": ",".join(queues)}
+        ) as response,
+    ):
+        yield response
 
 
 async def sse_events(response: httpx.Response) -> AsyncIterator[tuple[str, str]]:
@@ -65,116 +75,114 @@ async def next_event(events: AsyncIterator[tuple[str, str]], within: float) -> t
 # -- long-poll claims --------------------------------------------------------------------
 
 
-async def test_a_waiting_claim_returns_within_a_second_of_an_enqueue_from_another_connection(live_server, db):
-    base, _ = live_server
-    queue = unique("lp")
-    headers = await agent_token(db, "poller", [queue])
-    async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+async def test_a_waiting_claim_returns_within_a_second_of_an_enqueue_from_another_connection(
+    live_server, live_store, poller
+):
+    queue, headers = poller
+    async with live_http(live_server) as http:
         started = time.monotonic()
-        waiting = asyncio.create_task(http.post(
-            f"{API}/claims", headers=headers, json={"queues": [queue], "ttl": 30, "wait": 10}))
+        waiting = asyncio.create_task(claims(http, headers, queue, wait=10, ttl=30))
         await asyncio.sleep(0.5)  # let the claim find nothing and start waiting
         assert not waiting.done(), "the claim should still be waiting: nothing was enqueued yet"
         enqueued_at = time.monotonic()
-        todo_id = await enqueue(db, queue, "wake up")
+        todo = await enqueue(live_store, queue, "wake up")
         response = await waiting
         latency = time.monotonic() - enqueued_at
     assert response.status_code == 200, response.text
-    assert response.json()["id"] == todo_id and response.json()["owner"] == "poller"
+    assert response.json()["id"] == todo.id and response.json()["owner"] == "poller"
     assert latency < 1.0, f"the claim came back {latency:.2f}s after the enqueue"
     assert enqueued_at - started >= 0.5
 
 
-async def test_a_waiting_claim_answers_204_once_the_wait_is_over(live_server, db):
-    base, _ = live_server
-    queue = unique("lp")
-    headers = await agent_token(db, "poller", [queue])
-    async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+async def test_a_waiting_claim_answers_204_once_the_wait_is_over(live_server, poller):
+    queue, headers = poller
+    async with live_http(live_server) as http:
         started = time.monotonic()
-        response = await http.post(f"{API}/claims", headers=headers,
-                                   json={"queues": [queue], "ttl": 30, "wait": 2})
+        response = await claims(http, headers, queue, wait=2, ttl=30)
         elapsed = time.monotonic() - started
     assert response.status_code == 204
     assert response.content == b""
     assert 1.9 <= elapsed < 4, elapsed
 
 
-async def test_fifty_waiting_claims_share_fifty_enqueues_each_todo_claimed_exactly_once(live_server, db):
-    base, _ = live_server
+async def test_fifty_waiting_claims_share_fifty_enqueues_each_todo_claimed_exactly_once(
+    live_server, live_conn, live_store
+):
     queue = unique("herd")
-    headers = await agent_token(db, "herd", [queue])
+    headers = await agent_token(live_conn, "herd", [queue])
     limits = httpx.Limits(max_connections=60, max_keepalive_connections=60)
-    async with httpx.AsyncClient(base_url=base, timeout=30, limits=limits) as http:
-        claims = [asyncio.create_task(http.post(
-            f"{API}/claims", headers=headers, json={"queues": [queue], "ttl": 60, "wait": 15}))
-            for _ in range(50)]
+    async with live_http(live_server, limits=limits) as http:
+        waiting = [asyncio.create_task(claims(http, headers, queue, wait=15)) for _ in range(50)]
         await asyncio.sleep(1.0)  # let all fifty reach their wait
-        assert not any(c.done() for c in claims), "no claim should answer before work exists"
-        created = [await enqueue(db, queue, f"job {i}") for i in range(50)]
-        responses = await asyncio.wait_for(asyncio.gather(*claims), 14)
+        assert not any(c.done() for c in waiting), "no claim should answer before work exists"
+        created = [(await enqueue(live_store, queue, f"job {i}")).id for i in range(50)]
+        responses = await asyncio.wait_for(asyncio.gather(*waiting), 14)
     refused = [r.text for r in responses if r.status_code != 200]
     assert not refused, refused
     claimed = [r.json()["id"] for r in responses]
     assert len(set(claimed)) == 50, "a todo went to more than one claimer"
     assert set(claimed) == set(created)
-    rows = await db.fetch("SELECT state::text, owner, attempt FROM todos WHERE queue = $1", queue)
+    rows = await live_conn.fetch("SELECT state::text, owner, attempt FROM todos WHERE queue = $1", queue)
     assert {tuple(r) for r in rows} == {("claimed", "herd", 1)} and len(rows) == 50
-    claims_in_history = await db.fetch(
+    claims_in_history = await live_conn.fetch(
         "SELECT todo_id, count(*) AS n FROM todo_history h JOIN todos t ON t.id = h.todo_id "
-        "WHERE t.queue = $1 AND h.to_state = 'claimed' GROUP BY todo_id", queue)
+        "WHERE t.queue = $1 AND h.to_state = 'claimed' GROUP BY todo_id",
+        queue,
+    )
     assert len(claims_in_history) == 50 and all(r["n"] == 1 for r in claims_in_history)
 
 
 # -- the notify channel ------------------------------------------------------------------
 
 
-async def test_the_channel_hints_enqueues_in_its_queues_and_none_outside_them(live_server, db):
-    base, _ = live_server
+async def test_the_channel_hints_enqueues_in_its_queues_and_none_outside_them(
+    live_server, live_conn, live_store
+):
     a, b, outside = unique("cha"), unique("chb"), unique("chx")
-    headers = await agent_token(db, "listener", [a, b, outside])
-    async with (httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(10, read=30)) as http,
-                http.stream("GET", f"{API}/channels", headers=headers,
-                            params={"queues": f"{a},{b}"}) as response):
+    headers = await agent_token(live_conn, "listener", [a, b, outside])
+    async with channel(live_server, headers, [a, b]) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         events = sse_events(response)
         assert (await next_event(events, 5))[0] == "resync"  # a fresh subscriber starts by claiming
-        await enqueue(db, outside)
-        await enqueue(db, a)
+        await enqueue(live_store, outside)
+        await enqueue(live_store, a)
         kind, data = await next_event(events, 5)
         assert (kind, json.loads(data)) == ("hint", {"queue": a})
-        await enqueue(db, outside)
-        await enqueue(db, b)
+        await enqueue(live_store, outside)
+        await enqueue(live_store, b)
         kind, data = await next_event(events, 5)
         assert (kind, json.loads(data)) == ("hint", {"queue": b}), "a hint for a queue outside the set"
 
 
-async def test_the_channel_sends_resync_after_the_servers_listen_connection_is_killed(live_server, db):
-    base, _ = live_server
+async def test_the_channel_sends_resync_after_the_servers_listen_connection_is_killed(
+    live_server, live_conn, live_store
+):
     a = unique("rs")
-    headers = await agent_token(db, "listener", [a])
-    async with (httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(10, read=30)) as http,
-                http.stream("GET", f"{API}/channels", headers=headers, params={"queues": a}) as response):
+    headers = await agent_token(live_conn, "listener", [a])
+    async with channel(live_server, headers, [a]) as response:
         assert response.status_code == 200
         events = sse_events(response)
         assert (await next_event(events, 5))[0] == "resync"
         # The server's listener: its last statement is LISTEN or its periodic health check.
         # Only those backends go; the server's pool and our own connection stay.
-        killed = await db.fetch(
+        killed = await live_conn.fetch(
             "SELECT pid, pg_terminate_backend(pid) AS ok FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-            "AND query IN ('LISTEN \"switchboard\"', 'SELECT 1')")
+            "AND query IN ('LISTEN \"switchboard\"', 'SELECT 1')"
+        )
         assert killed and all(r["ok"] for r in killed), "found no LISTEN connection to terminate"
         started = time.monotonic()
         kind, _ = await next_event(events, 15)
         assert kind == "resync", kind
         assert time.monotonic() - started < 10
         # the re-opened listener delivers hints again
-        await enqueue(db, a)
+        await enqueue(live_store, a)
         kind, data = await next_event(events, 5)
         assert (kind, json.loads(data)) == ("hint", {"queue": a})
-    listeners = await db.fetchval(
+    listeners = await live_conn.fetchval(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
         "AND pid <> ALL($1::int[]) AND query IN ('LISTEN \"switchboard\"', 'SELECT 1')",
-        [r["pid"] for r in killed])
+        [r["pid"] for r in killed],
+    )
     assert listeners >= 1, "the server did not re-open its LISTEN connection"

@@ -13,16 +13,14 @@ import os
 import shutil
 import sys
 import time
-from pathlib import Path
 
 import asyncpg
 import pytest
 
 from dashboard.errors import MigrationError
 from dashboard.migrate import ADVISORY_LOCK_KEY, MIGRATIONS_DIR, apply_migrations, load_migrations
-from tests.conftest import scratch_database
+from tests.conftest import ROOT, connected, scratch_database
 
-ROOT = Path(__file__).resolve().parent.parent
 ALL = [m.name for m in load_migrations()]
 
 MIGRATE_SCRIPT = """
@@ -50,9 +48,9 @@ def empty_dsn(server_dsn):
 
 @pytest.fixture
 async def empty_conn(empty_dsn):
-    conn = await asyncpg.connect(empty_dsn)
-    yield conn
-    await conn.close()
+    """A plain asyncpg connection to it (the app's connection setup needs the schema)."""
+    async with connected(empty_dsn, asyncpg.connect) as conn:
+        yield conn
 
 
 async def recorded(conn) -> list[tuple]:
@@ -80,9 +78,7 @@ def expected_records() -> list[tuple]:
     return [(m.version, m.name, m.checksum) for m in load_migrations()]
 
 
-async def test_two_concurrent_start_ups_on_connections_apply_each_migration_once(
-    empty_dsn, empty_conn
-):
+async def test_two_concurrent_start_ups_on_connections_apply_each_migration_once(empty_dsn, empty_conn):
     first, second = await asyncpg.connect(empty_dsn), await asyncpg.connect(empty_dsn)
     try:
         await empty_conn.execute("SELECT pg_advisory_lock($1)", ADVISORY_LOCK_KEY)
@@ -99,18 +95,24 @@ async def test_two_concurrent_start_ups_on_connections_apply_each_migration_once
     assert await empty_conn.fetchval("SELECT to_regclass('todos') IS NOT NULL")
 
 
-async def test_two_concurrent_start_up_processes_apply_each_migration_once(
-    empty_dsn, empty_conn
-):
+async def test_two_concurrent_start_up_processes_apply_each_migration_once(empty_dsn, empty_conn):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     await empty_conn.execute("SELECT pg_advisory_lock($1)", ADVISORY_LOCK_KEY)
     procs = []
     try:
         for _ in range(2):
-            procs.append(await asyncio.create_subprocess_exec(
-                sys.executable, "-c", MIGRATE_SCRIPT, empty_dsn, cwd=ROOT, env=env,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            ))
+            procs.append(
+                await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-c",
+                    MIGRATE_SCRIPT,
+                    empty_dsn,
+                    cwd=ROOT,
+                    env=env,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                )
+            )
         await wait_for_lock_waiters(empty_conn, 2)
         await empty_conn.execute("SELECT pg_advisory_unlock($1)", ADVISORY_LOCK_KEY)
         outputs = await asyncio.wait_for(asyncio.gather(*(p.communicate() for p in procs)), 60)
@@ -166,9 +168,7 @@ async def test_a_new_migration_file_is_applied_on_the_next_start_up(empty_conn, 
 async def test_a_failing_migration_is_rolled_back_and_not_recorded(empty_conn, tmp_path):
     directory = tmp_path / "migrations"
     shutil.copytree(MIGRATIONS_DIR, directory)
-    (directory / "9001_broken.sql").write_text(
-        "CREATE TABLE half_done (x int);\nSELECT 1 / 0;\n"
-    )
+    (directory / "9001_broken.sql").write_text("CREATE TABLE half_done (x int);\nSELECT 1 / 0;\n")
     with pytest.raises(asyncpg.DivisionByZeroError):
         await apply_migrations(empty_conn, directory)
     assert [r[1] for r in await recorded(empty_conn)] == ALL

@@ -35,6 +35,7 @@ from dashboard import db as dbmod
 from dashboard.errors import Conflict, InvalidInput, NotFound
 from dashboard.models import NewTodo, Todo
 from dashboard.store import Store
+from tests import factories
 from tests.conftest import drop_database, make_database
 
 QUEUES = ("a", "b")
@@ -50,12 +51,16 @@ LIVE = ("pending", "claimed")
 
 def new_todos(max_size: int):
     """(queue, idempotency key, assignee, max_attempts) of todos to create."""
-    return st.lists(st.tuples(
-        st.sampled_from(QUEUES),
-        st.sampled_from([None, None, *KEYS]),
-        st.sampled_from([None, None, *OWNERS]),
-        st.sampled_from([1, 1, 2, 3]),  # max_attempts: small, so todos reach the cap
-    ), min_size=1, max_size=max_size)
+    return st.lists(
+        st.tuples(
+            st.sampled_from(QUEUES),
+            st.sampled_from([None, None, *KEYS]),
+            st.sampled_from([None, None, *OWNERS]),
+            st.sampled_from([1, 1, 2, 3]),  # max_attempts: small, so todos reach the cap
+        ),
+        min_size=1,
+        max_size=max_size,
+    )
 
 
 def backoff(attempt: int) -> float:
@@ -88,11 +93,17 @@ class M:
 
     def row(self) -> dict:
         return {
-            "state": self.state, "owner": self.owner, "attempt": self.attempt,
-            "max_attempts": self.max_attempts, "lease_token": self.lease_token,
-            "dedupe_hits": self.dedupe_hits, "queue": self.queue,
-            "idempotency_key": self.key, "assignee": self.assignee,
-            "lease": self.lease, "retry": self.retry,
+            "state": self.state,
+            "owner": self.owner,
+            "attempt": self.attempt,
+            "max_attempts": self.max_attempts,
+            "lease_token": self.lease_token,
+            "dedupe_hits": self.dedupe_hits,
+            "queue": self.queue,
+            "idempotency_key": self.key,
+            "assignee": self.assignee,
+            "lease": self.lease,
+            "retry": self.retry,
         }
 
 
@@ -114,10 +125,7 @@ class Model:
 
     @staticmethod
     def claimable(t: M, owner: str) -> bool:
-        return (
-            t.state == "pending" and t.retry != "future"
-            and t.assignee in (None, owner)
-        )
+        return t.state == "pending" and t.retry != "future" and t.assignee in (None, owner)
 
     def pick(self, queues, owner: str, n: int) -> list[M]:
         """claim_next / claim_batch: the n oldest claimable todos in `queues`."""
@@ -192,7 +200,6 @@ class QueueMachine(RuleBasedStateMachine):
             finally:
                 self.loop.close()
 
-
     def run(self, coro):
         return self.loop.run_until_complete(coro)
 
@@ -215,8 +222,12 @@ class QueueMachine(RuleBasedStateMachine):
     def draw_id(self, data, *prefer: str, tricky: list[str] | None = None) -> str:
         """Mostly a todo in one of `prefer` states, else one of `tricky`, any todo, or one
         that is not there."""
-        buckets = {"preferred": (self.ids(*prefer), 4), "tricky": (tricky or [], 2),
-                   "any": (self.ids(), 2), "missing": ([MISSING], 1)}
+        buckets = {
+            "preferred": (self.ids(*prefer), 4),
+            "tricky": (tricky or [], 2),
+            "any": (self.ids(), 2),
+            "missing": ([MISSING], 1),
+        }
         kinds = [k for k, (ids, weight) in buckets.items() if ids for _ in range(weight)]
         kind = data.draw(st.sampled_from(kinds), label="pick")
         return data.draw(st.sampled_from(buckets[kind][0]), label="todo")
@@ -233,6 +244,19 @@ class QueueMachine(RuleBasedStateMachine):
         lease = data.draw(st.sampled_from(leases), label="lease")
         return owner, lease
 
+    def holder_action(self, data, action: str, call, extra: str = ""):
+        """A call only the lease holder may make, `call(todo_id, owner, lease)`, on a drawn
+        claimed todo (mostly) with a drawn owner and lease; its outcome must be the model's.
+        Returns (outcome, value, the model's todo, owner)."""
+        todo_id = self.draw_id(data, "claimed")
+        owner, lease = self.draw_owner_and_lease(data, todo_id)
+        note(f"{action}({todo_id}, {owner}, lease={lease}{extra})")
+        t = self.model.get(todo_id)
+        expected = Model.holds(t, owner, lease)
+        outcome, got = self.call(call(todo_id, owner, lease))
+        self.expect(action, outcome, got, expected, t)
+        return outcome, got, t, owner
+
     def expect(self, action: str, outcome, value, expected: str, t: M | None = None) -> None:
         event(f"{action}: {outcome}")
         assert outcome == expected, (
@@ -248,8 +272,11 @@ class QueueMachine(RuleBasedStateMachine):
         """A todo the store handed back matches the model's (already updated) todo."""
         assert got.id == t.id, (action, got.id, t.id)
         seen = {
-            "state": got.state, "owner": got.owner, "attempt": got.attempt,
-            "max_attempts": got.max_attempts, "lease_token": got.lease_token,
+            "state": got.state,
+            "owner": got.owner,
+            "attempt": got.attempt,
+            "max_attempts": got.max_attempts,
+            "lease_token": got.lease_token,
             "dedupe_hits": got.dedupe_hits,
         }
         want = {k: v for k, v in t.row().items() if k in seen}
@@ -260,6 +287,17 @@ class QueueMachine(RuleBasedStateMachine):
             left = (got.lease_expires_at - got.updated_at).total_seconds()
             assert abs(left - TTL) < 1, f"{action}: lease of {left} s, asked for {TTL} s"
 
+    def check_next_claim(self, action: str, queues, owner: str, claimed: Todo | None) -> None:
+        """What claim_next (alone or after a complete) claimed is the model's oldest claimable
+        todo in `queues`, or None when there is none; the model then claims it too."""
+        want = self.model.pick(queues, owner, 1)
+        if not want:
+            assert claimed is None, f"{action}: nothing is claimable, store claimed {claimed}"
+            return
+        assert claimed is not None, f"{action}: store claimed nothing, model expects {want[0].id}"
+        Model.claim(want[0], owner)
+        self.check(action, claimed, want[0])
+
     def settle_retry(self, got: Todo) -> None:
         """A fresh retry time is backoff(attempt) ahead; push it an hour on, out of reach."""
         if got.state != "pending" or got.next_retry_at is None:
@@ -269,10 +307,12 @@ class QueueMachine(RuleBasedStateMachine):
             f"retry of {got.id} after attempt {got.attempt} is {ahead} s ahead, "
             f"expected backoff {backoff(got.attempt)} s"
         )
-        self.run(self.conn.execute(
-            "UPDATE todos SET next_retry_at = next_retry_at + interval '1 hour' WHERE id = $1",
-            got.id,
-        ))
+        self.run(
+            self.conn.execute(
+                "UPDATE todos SET next_retry_at = next_retry_at + interval '1 hour' WHERE id = $1",
+                got.id,
+            )
+        )
 
     # -- producers ---------------------------------------------------------------------
 
@@ -288,7 +328,10 @@ class QueueMachine(RuleBasedStateMachine):
 
     def create_one(self, queue, key, assignee, max_attempts):
         item = NewTodo(
-            queue=queue, title="t", idempotency_key=key, assignee=assignee,
+            queue=queue,
+            title="t",
+            idempotency_key=key,
+            assignee=assignee,
             max_attempts=max_attempts,
         )
         note(f"create(queue={queue}, key={key}, assignee={assignee}, max={max_attempts})")
@@ -305,15 +348,17 @@ class QueueMachine(RuleBasedStateMachine):
         assert got.todo.id not in self.model.todos
         n = self.model.created
         self.model.created += 1
-        t = M(id=got.todo.id, n=n, queue=queue, key=key, assignee=assignee,
-              max_attempts=max_attempts)
+        t = M(id=got.todo.id, n=n, queue=queue, key=key, assignee=assignee, max_attempts=max_attempts)
         self.model.todos[t.id] = t
         self.check("create", got.todo, t)
-        self.run(self.conn.execute(
-            "UPDATE todos SET created_at = '2000-01-01Z'::timestamptz"
-            " + $2::int * interval '1 millisecond' WHERE id = $1",
-            t.id, n,
-        ))
+        self.run(
+            self.conn.execute(
+                "UPDATE todos SET created_at = '2000-01-01Z'::timestamptz"
+                " + $2::int * interval '1 millisecond' WHERE id = $1",
+                t.id,
+                n,
+            )
+        )
 
     # -- agents ------------------------------------------------------------------------
 
@@ -323,15 +368,9 @@ class QueueMachine(RuleBasedStateMachine):
     )
     def claim_next(self, queues, owner):
         note(f"claim_next({queues}, {owner})")
-        want = self.model.pick(queues, owner, 1)
         outcome, got = self.call(self.store.claim_next(queues, owner, TTL))
         self.expect("claim_next", outcome, got, OK)
-        if not want:
-            assert got is None, f"claim_next: nothing is claimable, store claimed {got}"
-            return
-        assert got is not None, f"claim_next: store claimed nothing, model expects {want[0].id}"
-        Model.claim(want[0], owner)
-        self.check("claim_next", got, want[0])
+        self.check_next_claim("claim_next", queues, owner, got)
 
     @rule(
         queues=st.lists(st.sampled_from(QUEUES), min_size=1, max_size=2, unique=True),
@@ -344,8 +383,7 @@ class QueueMachine(RuleBasedStateMachine):
         outcome, got = self.call(self.store.claim_batch(queues, owner, TTL, n))
         self.expect("claim_batch", outcome, got, OK)
         assert [g.id for g in got] == [t.id for t in want], (
-            f"claim_batch: store claimed {[g.id for g in got]}, model expects "
-            f"{[t.id for t in want]}"
+            f"claim_batch: store claimed {[g.id for g in got]}, model expects {[t.id for t in want]}"
         )
         for g, t in zip(got, want, strict=True):
             Model.claim(t, owner)
@@ -368,13 +406,9 @@ class QueueMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.ids("claimed")))
     @rule(data=st.data())
     def heartbeat(self, data):
-        todo_id = self.draw_id(data, "claimed")
-        owner, lease = self.draw_owner_and_lease(data, todo_id)
-        note(f"heartbeat({todo_id}, {owner}, lease={lease})")
-        t = self.model.get(todo_id)
-        expected = Model.holds(t, owner, lease)
-        outcome, got = self.call(self.store.heartbeat(todo_id, owner, lease, TTL))
-        self.expect("heartbeat", outcome, got, expected, t)
+        outcome, got, t, owner = self.holder_action(
+            data, "heartbeat", lambda i, o, lease: self.store.heartbeat(i, o, lease, TTL)
+        )
         if outcome == OK:
             t.lease = "live"  # also on a lapsed lease the reaper has not taken yet
             Model.transition(t, owner, "claimed")
@@ -383,13 +417,9 @@ class QueueMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.ids("claimed")))
     @rule(data=st.data())
     def release(self, data):
-        todo_id = self.draw_id(data, "claimed")
-        owner, lease = self.draw_owner_and_lease(data, todo_id)
-        note(f"release({todo_id}, {owner}, lease={lease})")
-        t = self.model.get(todo_id)
-        expected = Model.holds(t, owner, lease)
-        outcome, got = self.call(self.store.release(todo_id, owner, lease))
-        self.expect("release", outcome, got, expected, t)
+        outcome, got, t, owner = self.holder_action(
+            data, "release", lambda i, o, lease: self.store.release(i, o, lease)
+        )
         if outcome == OK:
             t.state, t.owner, t.lease = "pending", None, None  # the attempt stays counted
             Model.transition(t, owner, "claimed")
@@ -398,13 +428,9 @@ class QueueMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.ids("claimed")))
     @rule(data=st.data())
     def complete(self, data):
-        todo_id = self.draw_id(data, "claimed")
-        owner, lease = self.draw_owner_and_lease(data, todo_id)
-        note(f"complete({todo_id}, {owner}, lease={lease})")
-        t = self.model.get(todo_id)
-        expected = Model.holds(t, owner, lease)
-        outcome, got = self.call(self.store.complete(todo_id, owner, lease, {"ok": True}))
-        self.expect("complete", outcome, got, expected, t)
+        outcome, got, t, owner = self.holder_action(
+            data, "complete", lambda i, o, lease: self.store.complete(i, o, lease, {"ok": True})
+        )
         if outcome == OK:
             t.state, t.lease = "done", None  # the last owner stays
             Model.transition(t, owner, "claimed")
@@ -414,13 +440,9 @@ class QueueMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.ids("claimed")))
     @rule(data=st.data())
     def fail(self, data):
-        todo_id = self.draw_id(data, "claimed")
-        owner, lease = self.draw_owner_and_lease(data, todo_id)
-        note(f"fail({todo_id}, {owner}, lease={lease})")
-        t = self.model.get(todo_id)
-        expected = Model.holds(t, owner, lease)
-        outcome, got = self.call(self.store.fail(todo_id, owner, lease, "boom"))
-        self.expect("fail", outcome, got, expected, t)
+        outcome, got, t, owner = self.holder_action(
+            data, "fail", lambda i, o, lease: self.store.fail(i, o, lease, "boom")
+        )
         if outcome == OK:
             Model.fail(t, owner)
             self.check("fail", got, t)
@@ -433,52 +455,40 @@ class QueueMachine(RuleBasedStateMachine):
         queues=st.lists(st.sampled_from(QUEUES), min_size=1, max_size=2, unique=True),
     )
     def complete_and_claim_next(self, data, queues):
-        todo_id = self.draw_id(data, "claimed")
-        owner, lease = self.draw_owner_and_lease(data, todo_id)
-        note(f"complete_and_claim_next({todo_id}, {owner}, lease={lease}, {queues})")
-        t = self.model.get(todo_id)
-        expected = Model.holds(t, owner, lease)
-        outcome, got = self.call(
-            self.store.complete_and_claim_next(todo_id, owner, lease, None, queues, TTL)
-        )
-        self.expect("complete_and_claim_next", outcome, got, expected, t)
+        def call(todo_id, owner, lease):
+            return self.store.complete_and_claim_next(todo_id, owner, lease, None, queues, TTL)
+
+        outcome, got, t, owner = self.holder_action(data, "complete_and_claim_next", call, f", {queues}")
         if outcome != OK:
             return  # nothing completed, nothing claimed: the invariant checks it
         done, claimed = got
         t.state, t.lease = "done", None
         Model.transition(t, owner, "claimed")
         self.check("complete_and_claim_next (done)", done, t)
-        want = self.model.pick(queues, owner, 1)
-        if not want:
-            assert claimed is None, f"nothing is claimable, store claimed {claimed}"
-            return
-        assert claimed is not None, f"store claimed nothing, model expects {want[0].id}"
-        Model.claim(want[0], owner)
-        self.check("complete_and_claim_next (claimed)", claimed, want[0])
+        self.check_next_claim("complete_and_claim_next (claimed)", queues, owner, claimed)
 
     # -- time, the reaper and retry promotion ------------------------------------------
 
-    @precondition(lambda self: any(
-        t.state == "claimed" and t.lease == "live" for t in self.model.todos.values()
-    ))
+    @precondition(
+        lambda self: any(t.state == "claimed" and t.lease == "live" for t in self.model.todos.values())
+    )
     @rule(data=st.data())
     def expire_lease(self, data):
-        todo_id = data.draw(st.sampled_from([
-            t.id for t in self.model.todos.values() if t.state == "claimed" and t.lease == "live"
-        ]), label="todo")
+        todo_id = data.draw(
+            st.sampled_from(
+                [t.id for t in self.model.todos.values() if t.state == "claimed" and t.lease == "live"]
+            ),
+            label="todo",
+        )
         note(f"expire lease of {todo_id}")
-        self.run(self.conn.execute(
-            "UPDATE todos SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
-            todo_id,
-        ))
+        self.run(factories.expire_lease(self.conn, todo_id))
         self.model.todos[todo_id].lease = "lapsed"
 
     @precondition(lambda self: bool(self.ids("claimed")))
     @rule()
     def reap(self):
         note("reap()")
-        want = {t.id: t for t in self.model.todos.values() if t.state == "claimed"
-                and t.lease == "lapsed"}
+        want = {t.id: t for t in self.model.todos.values() if t.state == "claimed" and t.lease == "lapsed"}
         outcome, got = self.call(self.store.reap())
         self.expect("reap", outcome, got, OK)
         assert sorted(g.id for g in got) == sorted(want), (
@@ -495,14 +505,11 @@ class QueueMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(t.retry == "future" for t in self.model.todos.values()))
     @rule(data=st.data())
     def make_retry_due(self, data):
-        todo_id = data.draw(st.sampled_from([
-            t.id for t in self.model.todos.values() if t.retry == "future"
-        ]), label="todo")
+        todo_id = data.draw(
+            st.sampled_from([t.id for t in self.model.todos.values() if t.retry == "future"]), label="todo"
+        )
         note(f"make retry of {todo_id} due")
-        self.run(self.conn.execute(
-            "UPDATE todos SET next_retry_at = now() - interval '1 second' WHERE id = $1",
-            todo_id,
-        ))
+        self.run(factories.make_retry_due(self.conn, todo_id))
         self.model.todos[todo_id].retry = "due"
 
     @precondition(lambda self: any(t.retry for t in self.model.todos.values()))
@@ -550,10 +557,12 @@ class QueueMachine(RuleBasedStateMachine):
                 t.attempt = 0  # a fresh budget; the lease token is never reset
             Model.transition(t, OPERATOR, "failed")
             self.check("retry", got, t)
-            recorded = self.run(self.conn.fetchval(
-                "SELECT note FROM todo_history WHERE todo_id = $1 ORDER BY id DESC LIMIT 1",
-                todo_id,
-            ))
+            recorded = self.run(
+                self.conn.fetchval(
+                    "SELECT note FROM todo_history WHERE todo_id = $1 ORDER BY id DESC LIMIT 1",
+                    todo_id,
+                )
+            )
             choice = "one more attempt" if one_more else "fresh budget"
             assert choice in recorded, f"retry: the choice is not recorded: {recorded!r}"
 
@@ -573,11 +582,23 @@ class QueueMachine(RuleBasedStateMachine):
 
     # -- bounds: refused before anything is looked up or changed -----------------------
 
-    @rule(data=st.data(), which=st.sampled_from([
-        "create max_attempts", "create queue", "claim_next queues", "claim_next ttl",
-        "claim_batch n", "claim ttl", "heartbeat ttl", "fail error",
-        "complete_and_claim_next queues", "complete_and_claim_next ttl",
-    ]))
+    @rule(
+        data=st.data(),
+        which=st.sampled_from(
+            [
+                "create max_attempts",
+                "create queue",
+                "claim_next queues",
+                "claim_next ttl",
+                "claim_batch n",
+                "claim ttl",
+                "heartbeat ttl",
+                "fail error",
+                "complete_and_claim_next queues",
+                "complete_and_claim_next ttl",
+            ]
+        ),
+    )
     def invalid_input(self, data, which):
         todo_id = self.draw_id(data, "claimed", "pending")
         owner, lease = self.draw_owner_and_lease(data, todo_id)
@@ -586,15 +607,13 @@ class QueueMachine(RuleBasedStateMachine):
         note(f"invalid {which}: {todo_id}, {owner}, lease={lease}, ttl={bad_ttl}, {bad_queues}")
         s = self.store
         call = {
-            "create max_attempts": lambda: s.create(NewTodo(
-                queue="a", title="t", max_attempts=data.draw(st.sampled_from([0, 101]))
-            )),
+            "create max_attempts": lambda: s.create(
+                NewTodo(queue="a", title="t", max_attempts=data.draw(st.sampled_from([0, 101])))
+            ),
             "create queue": lambda: s.create(NewTodo(queue="Bad!", title="t")),
             "claim_next queues": lambda: s.claim_next(bad_queues, owner, TTL),
             "claim_next ttl": lambda: s.claim_next(["a", "b"], owner, bad_ttl),
-            "claim_batch n": lambda: s.claim_batch(
-                ["a"], owner, TTL, data.draw(st.sampled_from([-1, 1001]))
-            ),
+            "claim_batch n": lambda: s.claim_batch(["a"], owner, TTL, data.draw(st.sampled_from([-1, 1001]))),
             "claim ttl": lambda: s.claim(todo_id, owner, bad_ttl),
             "heartbeat ttl": lambda: s.heartbeat(todo_id, owner, lease, bad_ttl),
             "fail error": lambda: s.fail(todo_id, owner, lease, ""),
@@ -612,7 +631,8 @@ class QueueMachine(RuleBasedStateMachine):
 
     @invariant()
     def table_matches_model(self):
-        rows = self.run(self.conn.fetch("""
+        rows = self.run(
+            self.conn.fetch("""
             SELECT t.id, t.state::text, t.owner, t.attempt, t.max_attempts, t.lease_token,
                    t.dedupe_hits, t.queue, t.idempotency_key, t.assignee,
                    CASE WHEN t.lease_expires_at IS NULL THEN NULL
@@ -626,7 +646,8 @@ class QueueMachine(RuleBasedStateMachine):
                 SELECT count(*) OVER () AS count, from_state, to_state, attempt, actor
                 FROM todo_history WHERE todo_id = t.id ORDER BY id DESC LIMIT 1
             ) h ON true
-        """))
+        """)
+        )
         table = {r["id"]: r for r in rows}
         assert set(table) == set(self.model.todos), (
             f"todos in the table {sorted(table)} != in the model {sorted(self.model.todos)}"
@@ -644,8 +665,9 @@ class QueueMachine(RuleBasedStateMachine):
             want = (t.last[0], t.state, t.attempt, t.last[1])
             assert last == want, f"{todo_id}: newest history row {last}, model {want}"
         # DESIGN.md: one live todo per (queue, idempotency_key).
-        live = [(r["queue"], r["idempotency_key"]) for r in rows
-                if r["idempotency_key"] and r["state"] in LIVE]
+        live = [
+            (r["queue"], r["idempotency_key"]) for r in rows if r["idempotency_key"] and r["state"] in LIVE
+        ]
         assert len(live) == len(set(live)), f"two live todos share a key: {sorted(live)}"
 
 
@@ -653,13 +675,16 @@ def test_queue_matches_model(server_dsn, template_db):
     QueueMachine.server_dsn = server_dsn
     QueueMachine.template_db = template_db
     QueueMachine.databases = made = []
-    run_state_machine_as_test(QueueMachine, settings=settings(
-        max_examples=60,
-        stateful_step_count=50,  # steps are cheap next to cloning a database per example
-        deadline=None,
-        database=None,  # no .hypothesis folder in the tree
-        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-    ))
+    run_state_machine_as_test(
+        QueueMachine,
+        settings=settings(
+            max_examples=60,
+            stateful_step_count=50,  # steps are cheap next to cloning a database per example
+            deadline=None,
+            database=None,  # no .hypothesis folder in the tree
+            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        ),
+    )
     # Every example's database was dropped again (teardown closes its connection first).
     assert made
     assert not asyncio.run(_existing(server_dsn, made))
@@ -668,9 +693,7 @@ def test_queue_matches_model(server_dsn, template_db):
 async def _existing(server_dsn: str, names: list[str]) -> list[str]:
     conn = await asyncpg.connect(server_dsn)
     try:
-        rows = await conn.fetch(
-            "SELECT datname FROM pg_database WHERE datname = ANY ($1::text[])", names
-        )
+        rows = await conn.fetch("SELECT datname FROM pg_database WHERE datname = ANY ($1::text[])", names)
         return [r["datname"] for r in rows]
     finally:
         await conn.close()

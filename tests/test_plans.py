@@ -24,7 +24,7 @@ import asyncpg
 import pytest
 
 from dashboard.queries import READS, TRANSITIONS, Statement
-from tests.conftest import scratch_database
+from tests.conftest import connected, scratch_database
 
 QUEUES = [f"q{i:02d}" for i in range(20)]
 SORTS = {"Sort", "Incremental Sort"}
@@ -63,9 +63,9 @@ def big_db(server_dsn, template_db):
 
 @pytest.fixture
 async def big(big_db):
-    conn = await asyncpg.connect(big_db)
-    yield conn
-    await conn.close()
+    """A plain asyncpg connection (the app's sets plan_cache_mode, which explain() sets itself)."""
+    async with connected(big_db, asyncpg.connect) as conn:
+        yield conn
 
 
 async def explain(conn, statement: Statement, values: dict[str, str], mode: str) -> dict:

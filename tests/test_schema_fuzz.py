@@ -37,16 +37,15 @@ from schemathesis.specs.openapi.checks import (
 
 from dashboard import db as dbmod
 from dashboard.accounts import Accounts
-from dashboard.models import NewTodo
 from dashboard.store import Store
 from tests.conftest import run
+from tests.factories import enqueue
 
 SCHEMA_PATH = "/api/v1/docs/openapi.json"
 QUEUES = ["fuzz", "fuzz.b"]
 MAX_EXAMPLES = 25
 KNOWN_ID_EXAMPLES = 10
-CHECKS = (not_a_server_error, response_schema_conformance, status_code_conformance,
-          content_type_conformance)
+CHECKS = (not_a_server_error, response_schema_conformance, status_code_conformance, content_type_conformance)
 
 
 @dataclass
@@ -83,9 +82,9 @@ def fuzz_setup(live_server):
         try:
             _, secret = await Accounts(conn).add_token("fuzzer", QUEUES)
             store = Store(conn)
-            await store.create(NewTodo(queue="fuzz", title="to claim"))
+            await enqueue(store, "fuzz", "to claim")
             claimed = await store.claim_next(["fuzz"], "fuzzer", 3600)
-            pending = (await store.create(NewTodo(queue="fuzz", title="to claim by id"))).todo
+            pending = await enqueue(store, "fuzz", "to claim by id")
             return {"Authorization": f"Bearer {secret}"}, pending.id, claimed.id
         finally:
             await conn.close()
@@ -119,8 +118,14 @@ def fuzz_run(live_server, fuzz_setup) -> FuzzRun:
 
     def exercise(operation, mode: GenerationMode, examples: int, **fixed) -> None:
         @given(case=operation.as_strategy(generation_mode=mode, **fixed))
-        @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
-                  suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
+        @settings(
+            max_examples=examples,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+            phases=[Phase.explicit, Phase.generate],
+        )
         def send(case):
             if mode is GenerationMode.POSITIVE:
                 aim_at_token_queues(case.body)
@@ -137,7 +142,8 @@ def fuzz_run(live_server, fuzz_setup) -> FuzzRun:
                         f"{operation.label} -> {response.status_code} "
                         f"{response.headers.get('content-type')}\n    {detail[:500]}\n    body: {body}\n"
                         f"    request: {case.body!r:.300} path={case.path_parameters} "
-                        f"query={case.query}")
+                        f"query={case.query}"
+                    )
 
         try:
             send()
@@ -153,8 +159,9 @@ def fuzz_run(live_server, fuzz_setup) -> FuzzRun:
             exercise(operation, mode, MAX_EXAMPLES)
         if "{todo_id}" in operation.path:  # a todo that exists: claimable, or held by the fuzzer
             todo_id = pending_id if operation.path.endswith("/claim") else claimed_id
-            exercise(operation, GenerationMode.POSITIVE, KNOWN_ID_EXAMPLES,
-                     path_parameters={"todo_id": todo_id})
+            exercise(
+                operation, GenerationMode.POSITIVE, KNOWN_ID_EXAMPLES, path_parameters={"todo_id": todo_id}
+            )
     return result
 
 
@@ -173,8 +180,12 @@ def test_the_fuzz_run_reached_every_operation_and_got_past_validation(fuzz_run):
     assert len(fuzz_run.operations) >= 10, fuzz_run.operations
     assert fuzz_run.requests >= 400
     successes = {label for (label, status), n in fuzz_run.statuses.items() if status in (200, 201)}
-    assert {"POST /api/v1/todos", "POST /api/v1/claims", "GET /api/v1/todos",
-            "GET /api/v1/todos/{todo_id}"} <= successes, sorted(fuzz_run.statuses.items())
+    assert {
+        "POST /api/v1/todos",
+        "POST /api/v1/claims",
+        "GET /api/v1/todos",
+        "GET /api/v1/todos/{todo_id}",
+    } <= successes, sorted(fuzz_run.statuses.items())
 
 
 def test_no_request_makes_the_server_fail(fuzz_run):

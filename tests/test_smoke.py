@@ -1,23 +1,23 @@
-from dashboard.models import NewTodo
-from tests.conftest import agent_token, login
+"""The fastest check that the stack stands: the store, the dashboard and the agent API."""
+
+from tests.factories import agent_token, enqueue, login
+from tests.web_helpers import get_page
 
 
 async def test_create_and_claim(store):
-    created = await store.create(NewTodo(queue="a", title="t"))
+    created = await enqueue(store, "a")
     todo = await store.claim_next(["a"], "w", 30)
-    assert todo.id == created.todo.id
+    assert todo.id == created.id
 
 
 async def test_logged_in_operator_sees_the_overview(client, pool):
     await login(client, pool)
-    response = await client.get("/")
-    assert response.status_code == 200
-    assert "Queues" in response.text
+    assert "Queues" in (await get_page(client, "/")).text
 
 
 async def test_agent_claims_over_http(client, pool, store):
     headers = await agent_token(pool, queues=["work"])
-    await store.create(NewTodo(queue="work", title="t"))
+    await enqueue(store, "work")
     response = await client.post("/api/v1/claims", json={"queues": ["work"], "ttl": 30}, headers=headers)
     assert response.status_code == 200
     assert response.json()["owner"] == "bot"

@@ -17,19 +17,17 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
 from pathlib import Path
 
 import psutil
 import pytest
 
-from dashboard import db as dbmod
 from dashboard.accounts import Accounts
 from dashboard.agent_worker import GRACE as COMMAND_GRACE
-from dashboard.models import NewTodo
 from dashboard.reaper import reap_once
 from dashboard.store import Store
 from tests.conftest import ROOT
+from tests.factories import Step, enqueue, history, make_retry_due, todo_row, unique
 
 pytestmark = pytest.mark.slow
 
@@ -49,8 +47,12 @@ class Spawner:
         log_path = self.tmp_path / f"{name}.log"
         with open(log_path, "w") as log:
             proc = subprocess.Popen(
-                args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+                args,
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+            )
         self.procs.append((proc, log_path))
         return proc
 
@@ -113,8 +115,9 @@ def spawner(tmp_path):
     spawner.stop_all()
 
 
-async def until(probe, what: str, within: float = 20, proc: subprocess.Popen | None = None,
-                spawner: Spawner | None = None):
+async def until(
+    probe, what: str, within: float = 20, proc: subprocess.Popen | None = None, spawner: Spawner | None = None
+):
     """Poll `probe()` (a coroutine function) until it returns something truthy."""
     deadline = time.monotonic() + within
     while True:
@@ -140,149 +143,155 @@ async def wait_exit(proc: subprocess.Popen, within: float) -> int | None:
     return proc.returncode
 
 
-async def todo(db, todo_id: str) -> dict:
-    return dict(await db.fetchrow("SELECT * FROM todos WHERE id = $1", todo_id))
-
-
-async def transitions(db, todo_id: str) -> list[tuple]:
+async def transitions(conn, todo_id: str) -> list[Step]:
     """History without heartbeats and retry promotions (whether the reaper promotes a due
     retry before a worker claims it is a race): (from, to, actor, attempt, note)."""
-    rows = await db.fetch(
-        "SELECT from_state::text, to_state::text, actor, attempt, note FROM todo_history "
-        "WHERE todo_id = $1 AND note IS DISTINCT FROM 'heartbeat' "
-        "AND note IS DISTINCT FROM 'retry due' ORDER BY id", todo_id)
-    return [tuple(r) for r in rows]
+    return [step for step in await history(conn, todo_id) if step.note not in ("heartbeat", "retry due")]
 
 
-def script(tmp_path: Path, name: str, body: str) -> str:
+# The commands the workers run, by file name: each reads the todo on stdin.
+COMMANDS = {
+    "echo.py": """
+        import json, sys
+        todo = json.load(sys.stdin)
+        print(json.dumps({"seen": todo["id"], "doubled": todo["payload"]["n"] * 2,
+                          "lease": todo["lease"]}))
+    """,
+    "fail.py": """
+        import sys
+        sys.stdin.read()
+        sys.stderr.write("noise " * 1000 + "\\nboom: the disk is full\\n")
+        sys.exit(3)
+    """,
+    "slow.py": """
+        import sys, time
+        sys.stdin.read()
+        time.sleep(120)
+    """,
+    "ok.py": """
+        import json, sys
+        print(json.dumps({"finished_by_second_worker": json.load(sys.stdin)["attempt"]}))
+    """,
+}
+
+
+def script(tmp_path: Path, name: str, body: str | None = None) -> str:
+    """A command line running COMMANDS[name] (or `body`) as a Python script."""
     path = tmp_path / name
-    path.write_text(textwrap.dedent(body))
+    path.write_text(textwrap.dedent(COMMANDS[name] if body is None else body))
     return f"{sys.executable} {path}"
 
 
 # -- the reference HTTP worker -------------------------------------------------------------
 
 
-@pytest.fixture
-async def live_db(live_server):
-    conn = await dbmod.connect(live_server[1])
-    yield conn
-    await conn.close()
-
-
-async def command_worker(spawner, live_server, db, agent: str, queue: str, command: str):
-    _, secret = await Accounts(db).add_token(agent, [queue])
+async def command_worker(spawner, live_server, conn, agent: str, queue: str, command: str):
+    _, secret = await Accounts(conn).add_token(agent, [queue])
+    args = ["--queue", queue, "--exec", command, "--url", live_server[0], "--token", secret]
     return spawner.start(
-        [sys.executable, "-m", "dashboard.cli", "worker", "--queue", queue, "--exec", command,
-         "--url", live_server[0], "--token", secret, "--ttl", "3", "--wait", "1"], agent)
+        [sys.executable, "-m", "dashboard.cli", "worker", *args, "--ttl", "3", "--wait", "1"], agent
+    )
 
 
 async def test_the_command_worker_completes_todos_with_the_commands_stdout_as_the_result(
-        spawner, live_server, live_db, tmp_path):
-    queue = f"cmd-{uuid.uuid4().hex[:8]}"
-    echo = script(tmp_path, "echo.py", """
-        import json, sys
-        todo = json.load(sys.stdin)
-        print(json.dumps({"seen": todo["id"], "doubled": todo["payload"]["n"] * 2,
-                          "lease": todo["lease"]}))
-    """)
-    store = Store(live_db)
-    ids = [(await store.create(NewTodo(queue=queue, title=f"n={n}", payload={"n": n}))).todo.id
-           for n in (1, 2, 3)]
-    worker = await command_worker(spawner, live_server, live_db, "cmd-echo", queue, echo)
+    spawner, live_server, live_conn, tmp_path
+):
+    queue = unique("cmd")
+    echo = script(tmp_path, "echo.py")
+    store = Store(live_conn)
+    ids = [(await enqueue(store, queue, f"n={n}", payload={"n": n})).id for n in (1, 2, 3)]
+    worker = await command_worker(spawner, live_server, live_conn, "cmd-echo", queue, echo)
 
     async def all_done():
-        return await live_db.fetchval(
-            "SELECT count(*) = 3 FROM todos WHERE queue = $1 AND state = 'done'", queue)
+        return await live_conn.fetchval(
+            "SELECT count(*) = 3 FROM todos WHERE queue = $1 AND state = 'done'", queue
+        )
 
     await until(all_done, "three todos done", proc=worker, spawner=spawner)
     for n, todo_id in zip((1, 2, 3), ids, strict=True):
-        row = await todo(live_db, todo_id)
-        assert row["result"] == {"seen": todo_id, "doubled": n * 2, "lease": row["lease_token"]}
-        assert (row["owner"], row["attempt"]) == ("cmd-echo", 1)
-        assert (await transitions(live_db, todo_id))[1:] == [
+        row = await todo_row(live_conn, todo_id)
+        assert row.result == {"seen": todo_id, "doubled": n * 2, "lease": row.lease_token}
+        assert (row.owner, row.attempt) == ("cmd-echo", 1)
+        assert (await transitions(live_conn, todo_id))[1:] == [
             ("pending", "claimed", "cmd-echo", 1, "claimed"),
-            ("claimed", "done", "cmd-echo", 1, "completed")]
+            ("claimed", "done", "cmd-echo", 1, "completed"),
+        ]
     assert stop(worker) == 0, spawner.log(worker)  # SIGTERM while waiting for work: a clean exit
 
 
 async def test_a_failing_command_is_retried_then_dead_lettered_with_its_exit_status_and_stderr_tail(
-        spawner, live_server, live_db, tmp_path):
-    queue = f"cmd-{uuid.uuid4().hex[:8]}"
-    failing = script(tmp_path, "fail.py", """
-        import sys
-        sys.stdin.read()
-        sys.stderr.write("noise " * 1000 + "\\nboom: the disk is full\\n")
-        sys.exit(3)
-    """)
-    todo_id = (await Store(live_db).create(
-        NewTodo(queue=queue, title="doomed", max_attempts=2))).todo.id
-    worker = await command_worker(spawner, live_server, live_db, "cmd-fail", queue, failing)
+    spawner, live_server, live_conn, tmp_path
+):
+    queue = unique("cmd")
+    failing = script(tmp_path, "fail.py")
+    todo_id = (await enqueue(Store(live_conn), queue, "doomed", max_attempts=2)).id
+    worker = await command_worker(spawner, live_server, live_conn, "cmd-fail", queue, failing)
 
     async def retrying():
-        row = await todo(live_db, todo_id)
-        return row if row["state"] == "pending" and row["next_retry_at"] else None
+        row = await todo_row(live_conn, todo_id)
+        return row if row.state == "pending" and row.next_retry_at else None
 
     first = await until(retrying, "the first failure", proc=worker, spawner=spawner)
-    assert first["attempt"] == 1
-    assert first["last_error"].startswith("exit status 3: ")
-    assert first["last_error"].endswith("boom: the disk is full")
-    assert len(first["last_error"]) <= len("exit status 3: ") + 2000  # the tail, not all of it
-    await live_db.execute("UPDATE todos SET next_retry_at = now() WHERE id = $1", todo_id)
+    assert first.attempt == 1
+    assert first.last_error.startswith("exit status 3: ")
+    assert first.last_error.endswith("boom: the disk is full")
+    assert len(first.last_error) <= len("exit status 3: ") + 2000  # the tail, not all of it
+    await make_retry_due(live_conn, todo_id)
 
     async def dead():
-        row = await todo(live_db, todo_id)
-        return row if row["state"] == "failed" else None
+        row = await todo_row(live_conn, todo_id)
+        return row if row.state == "failed" else None
 
     final = await until(dead, "the dead-letter", proc=worker, spawner=spawner)
-    assert final["attempt"] == 2 and final["completed_at"] is not None
-    assert final["last_error"].startswith("exit status 3: ")
-    assert "boom: the disk is full" in final["last_error"]
-    steps = [(f, t, a, n) for f, t, a, n, _ in await transitions(live_db, todo_id)]
-    assert steps[1:] == [("pending", "claimed", "cmd-fail", 1), ("claimed", "pending", "cmd-fail", 1),
-                         ("pending", "claimed", "cmd-fail", 2), ("claimed", "failed", "cmd-fail", 2)]
+    assert final.attempt == 2 and final.completed_at is not None
+    assert final.last_error.startswith("exit status 3: ")
+    assert "boom: the disk is full" in final.last_error
+    steps = [(f, t, a, n) for f, t, a, n, _ in await transitions(live_conn, todo_id)]
+    assert steps[1:] == [
+        ("pending", "claimed", "cmd-fail", 1),
+        ("claimed", "pending", "cmd-fail", 1),
+        ("pending", "claimed", "cmd-fail", 2),
+        ("claimed", "failed", "cmd-fail", 2),
+    ]
     assert worker.poll() is None, "the worker keeps going after a failed command"
 
 
 async def test_a_killed_command_worker_lets_its_lease_lapse_and_a_second_worker_completes_the_todo(
-        spawner, live_server, live_db, tmp_path):
-    queue = f"cmd-{uuid.uuid4().hex[:8]}"
-    slow = script(tmp_path, "slow.py", """
-        import sys, time
-        sys.stdin.read()
-        time.sleep(120)
-    """)
-    echo = script(tmp_path, "ok.py", """
-        import json, sys
-        print(json.dumps({"finished_by_second_worker": json.load(sys.stdin)["attempt"]}))
-    """)
-    todo_id = (await Store(live_db).create(NewTodo(queue=queue, title="long job"))).todo.id
-    first = await command_worker(spawner, live_server, live_db, "cmd-first", queue, slow)
+    spawner, live_server, live_conn, tmp_path
+):
+    queue = unique("cmd")
+    slow = script(tmp_path, "slow.py")
+    echo = script(tmp_path, "ok.py")
+    todo_id = (await enqueue(Store(live_conn), queue, "long job")).id
+    first = await command_worker(spawner, live_server, live_conn, "cmd-first", queue, slow)
 
     async def running():
-        row = await todo(live_db, todo_id)
-        return row["state"] == "claimed" and row["owner"] == "cmd-first" and spawner.descendants(first)
+        row = await todo_row(live_conn, todo_id)
+        return row.state == "claimed" and row.owner == "cmd-first" and spawner.descendants(first)
 
     await until(running, "the first worker to run the command", proc=first, spawner=spawner)
     spawner.kill9(first)
 
     async def resurfaced():  # the live server's reaper, once the 3 s lease lapses
-        row = await todo(live_db, todo_id)
-        return row if row["state"] == "pending" else None
+        row = await todo_row(live_conn, todo_id)
+        return row if row.state == "pending" else None
 
     row = await until(resurfaced, "the reaper to re-surface the todo", within=15)
-    assert row["last_error"] == "lease expired (owner cmd-first)" and row["attempt"] == 1
-    await live_db.execute("UPDATE todos SET next_retry_at = now() WHERE id = $1", todo_id)
-    second = await command_worker(spawner, live_server, live_db, "cmd-second", queue, echo)
+    assert row.last_error == "lease expired (owner cmd-first)" and row.attempt == 1
+    await make_retry_due(live_conn, todo_id)
+    second = await command_worker(spawner, live_server, live_conn, "cmd-second", queue, echo)
 
     async def done():
-        row = await todo(live_db, todo_id)
-        return row if row["state"] == "done" else None
+        row = await todo_row(live_conn, todo_id)
+        return row if row.state == "done" else None
 
     row = await until(done, "the second worker to complete it", proc=second, spawner=spawner)
-    assert (row["owner"], row["attempt"], row["result"]) == (
-        "cmd-second", 2, {"finished_by_second_worker": 2})
-    assert (await transitions(live_db, todo_id))[1:] == [
+    assert (row.owner, row.attempt, row.result) == (
+        "cmd-second",
+        2,
+        {"finished_by_second_worker": 2},
+    )
+    assert (await transitions(live_conn, todo_id))[1:] == [
         ("pending", "claimed", "cmd-first", 1, "claimed"),
         ("claimed", "pending", "reaper", 1, "lease expired (owner cmd-first)"),
         ("pending", "claimed", "cmd-second", 2, "claimed"),
@@ -290,23 +299,24 @@ async def test_a_killed_command_worker_lets_its_lease_lapse_and_a_second_worker_
     ]
 
 
-async def _sigterm_command_worker_mid_run(spawner, live_server, db, tmp_path, command_seconds: float):
+async def _sigterm_command_worker_mid_run(spawner, live_server, conn, tmp_path, command_seconds: float):
     """A command worker running a command: SIGTERM. Returns (worker, todo id, the command's
     pids, seconds from SIGTERM to exit or None if it did not exit within grace + 3 s)."""
-    queue = f"cmd-{uuid.uuid4().hex[:8]}"
-    command = script(tmp_path, "work.py", f"""
+    queue = unique("cmd")
+    body = f"""
         import json, sys, time
         sys.stdin.read()
         time.sleep({command_seconds})
         print(json.dumps({{"slept": {command_seconds}}}))
-    """)
+    """
+    command = script(tmp_path, "work.py", body)
     command = f"cd {tmp_path} && {command}"  # a shell command, as `--exec` takes: sh forks it
-    todo_id = (await Store(db).create(NewTodo(queue=queue, title="busy"))).todo.id
-    await Store(db).create(NewTodo(queue=queue, title="never claimed"))
-    worker = await command_worker(spawner, live_server, db, "cmd-term", queue, command)
+    todo_id = (await enqueue(Store(conn), queue, "busy")).id
+    await enqueue(Store(conn), queue, "never claimed")
+    worker = await command_worker(spawner, live_server, conn, "cmd-term", queue, command)
 
     async def running():
-        return (await todo(db, todo_id))["state"] == "claimed" and spawner.descendants(worker)
+        return (await todo_row(conn, todo_id)).state == "claimed" and spawner.descendants(worker)
 
     await until(running, "the worker to run the command", proc=worker, spawner=spawner)
     pids = spawner.descendants(worker)
@@ -321,25 +331,33 @@ async def _sigterm_command_worker_mid_run(spawner, live_server, db, tmp_path, co
 
 
 async def test_sigterm_lets_a_running_command_finish_completes_it_and_claims_nothing_more(
-        spawner, live_server, live_db, tmp_path):
+    spawner, live_server, live_conn, tmp_path
+):
     worker, todo_id, _, took = await _sigterm_command_worker_mid_run(
-        spawner, live_server, live_db, tmp_path, command_seconds=1.5)
+        spawner, live_server, live_conn, tmp_path, command_seconds=1.5
+    )
     assert took is not None, "the worker did not exit after SIGTERM\n" + spawner.log(worker)
-    row = await todo(live_db, todo_id)
-    assert (row["state"], row["result"]) == ("done", {"slept": 1.5})
-    queue = row["queue"]
-    assert await live_db.fetchval(
-        "SELECT count(*) FROM todos WHERE queue = $1 AND state = 'pending' AND attempt = 0", queue) == 1
+    row = await todo_row(live_conn, todo_id)
+    assert (row.state, row.result) == ("done", {"slept": 1.5})
+    queue = row.queue
+    assert (
+        await live_conn.fetchval(
+            "SELECT count(*) FROM todos WHERE queue = $1 AND state = 'pending' AND attempt = 0", queue
+        )
+        == 1
+    )
 
 
 async def test_sigterm_kills_a_command_that_outlives_the_grace_period_and_releases_its_todo(
-        spawner, live_server, live_db, tmp_path):
+    spawner, live_server, live_conn, tmp_path
+):
     _, todo_id, pids, took = await _sigterm_command_worker_mid_run(
-        spawner, live_server, live_db, tmp_path, command_seconds=120)
+        spawner, live_server, live_conn, tmp_path, command_seconds=120
+    )
     assert took is not None and took < COMMAND_GRACE + 3, "the worker did not stop after its grace"
-    row = await todo(live_db, todo_id)
-    assert (row["state"], row["owner"], row["attempt"]) == ("pending", None, 1)
-    assert (await transitions(live_db, todo_id))[-1] == ("claimed", "pending", "cmd-term", 1, "released")
+    row = await todo_row(live_conn, todo_id)
+    assert (row.state, row.owner, row.attempt) == ("pending", None, 1)
+    assert (await transitions(live_conn, todo_id))[-1] == ("claimed", "pending", "cmd-term", 1, "released")
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
 
 
@@ -361,30 +379,34 @@ PY_WORKER = """
 """
 
 
-def py_worker(spawner, tmp_path, dsn: str, queue: str, owner: str, *, ttl: float = 30,
-              handler_seconds: float = 0, grace: float = 10) -> subprocess.Popen:
+def py_worker(
+    spawner,
+    tmp_path,
+    dsn: str,
+    queue: str,
+    owner: str,
+    *,
+    ttl: float = 30,
+    handler_seconds: float = 0,
+    grace: float = 10,
+) -> subprocess.Popen:
     path = tmp_path / "py_worker.py"
     path.write_text(textwrap.dedent(PY_WORKER))
-    return spawner.start([sys.executable, str(path), dsn, queue, owner, str(ttl),
-                          str(handler_seconds), str(grace)], owner)
-
-
-@pytest.fixture
-async def db(dsn):
-    conn = await dbmod.connect(dsn)
-    yield conn
-    await conn.close()
+    return spawner.start(
+        [sys.executable, str(path), dsn, queue, owner, str(ttl), str(handler_seconds), str(grace)], owner
+    )
 
 
 async def test_a_killed_db_worker_leaves_its_todo_to_the_reaper_and_another_worker_completes_it(
-        spawner, dsn, db, tmp_path):
-    store = Store(db)
-    todo_id = (await store.create(NewTodo(queue="py", title="crash me"))).todo.id
+    spawner, dsn, conn, tmp_path
+):
+    store = Store(conn)
+    todo_id = (await enqueue(store, "py", "crash me")).id
     first = py_worker(spawner, tmp_path, dsn, "py", "py-first", ttl=2, handler_seconds=120)
 
     async def held():
-        row = await todo(db, todo_id)
-        return row["state"] == "claimed" and row["owner"] == "py-first"
+        row = await todo_row(conn, todo_id)
+        return row.state == "claimed" and row.owner == "py-first"
 
     await until(held, "the first worker to claim", proc=first, spawner=spawner)
     spawner.kill9(first)
@@ -392,22 +414,22 @@ async def test_a_killed_db_worker_leaves_its_todo_to_the_reaper_and_another_work
 
     async def reaped():
         await reap_once(store)
-        row = await todo(db, todo_id)
-        return row if row["state"] == "pending" else None
+        row = await todo_row(conn, todo_id)
+        return row if row.state == "pending" else None
 
     row = await until(reaped, "the lease to lapse and the reaper to re-surface the todo", within=10)
-    assert (row["attempt"], row["owner"]) == (1, None)
-    assert row["last_error"] == "lease expired (owner py-first)"
-    await db.execute("UPDATE todos SET next_retry_at = now() WHERE id = $1", todo_id)
+    assert (row.attempt, row.owner) == (1, None)
+    assert row.last_error == "lease expired (owner py-first)"
+    await make_retry_due(conn, todo_id)
     second = py_worker(spawner, tmp_path, dsn, "py", "py-second")
 
     async def done():
-        row = await todo(db, todo_id)
-        return row if row["state"] == "done" else None
+        row = await todo_row(conn, todo_id)
+        return row if row.state == "done" else None
 
     row = await until(done, "the second worker to complete it", proc=second, spawner=spawner)
-    assert (row["owner"], row["attempt"], row["result"]) == ("py-second", 2, {"handled_by": "py-second"})
-    assert (await transitions(db, todo_id))[1:] == [
+    assert (row.owner, row.attempt, row.result) == ("py-second", 2, {"handled_by": "py-second"})
+    assert (await transitions(conn, todo_id))[1:] == [
         ("pending", "claimed", "py-first", 1, "claimed"),
         ("claimed", "pending", "reaper", 1, "lease expired (owner py-first)"),
         ("pending", "claimed", "py-second", 2, "claimed"),
@@ -416,17 +438,16 @@ async def test_a_killed_db_worker_leaves_its_todo_to_the_reaper_and_another_work
     assert stop(second) == 0, spawner.log(second)
 
 
-async def _sigterm_while_handling(spawner, tmp_path, dsn, db, *, handler_seconds, grace):
+async def _sigterm_while_handling(spawner, tmp_path, dsn, conn, *, handler_seconds, grace):
     """Two todos, a one-slot worker holding the first one: SIGTERM. Returns
     (worker, first id, second id, seconds from SIGTERM to exit or None)."""
-    store = Store(db)
-    first_id = (await store.create(NewTodo(queue="py", title="first"))).todo.id
-    second_id = (await store.create(NewTodo(queue="py", title="second"))).todo.id
-    worker = py_worker(spawner, tmp_path, dsn, "py", "py-term", handler_seconds=handler_seconds,
-                       grace=grace)
+    store = Store(conn)
+    first_id = (await enqueue(store, "py", "first")).id
+    second_id = (await enqueue(store, "py", "second")).id
+    worker = py_worker(spawner, tmp_path, dsn, "py", "py-term", handler_seconds=handler_seconds, grace=grace)
 
     async def holding():
-        return (await todo(db, first_id))["state"] == "claimed"
+        return (await todo_row(conn, first_id)).state == "claimed"
 
     await until(holding, "the worker to claim the first todo", proc=worker, spawner=spawner)
     worker.send_signal(signal.SIGTERM)
@@ -440,23 +461,26 @@ async def _sigterm_while_handling(spawner, tmp_path, dsn, db, *, handler_seconds
     return worker, first_id, second_id, took
 
 
-async def test_sigterm_lets_a_running_handler_finish_and_claims_nothing_more(spawner, dsn, db, tmp_path):
+async def test_sigterm_lets_a_running_handler_finish_and_claims_nothing_more(spawner, dsn, conn, tmp_path):
     worker, first_id, second_id, took = await _sigterm_while_handling(
-        spawner, tmp_path, dsn, db, handler_seconds=1.5, grace=10)
+        spawner, tmp_path, dsn, conn, handler_seconds=1.5, grace=10
+    )
     assert took is not None, "the worker did not exit after SIGTERM\n" + spawner.log(worker)
-    first, second = await todo(db, first_id), await todo(db, second_id)
-    assert (first["state"], first["result"]) == ("done", {"handled_by": "py-term"})
-    assert (second["state"], second["attempt"], second["owner"]) == ("pending", 0, None)
-    assert await db.fetchval("SELECT count(*) FROM todos WHERE state = 'claimed'") == 0
+    first, second = await todo_row(conn, first_id), await todo_row(conn, second_id)
+    assert (first.state, first.result) == ("done", {"handled_by": "py-term"})
+    assert (second.state, second.attempt, second.owner) == ("pending", 0, None)
+    assert await conn.fetchval("SELECT count(*) FROM todos WHERE state = 'claimed'") == 0
 
 
 async def test_sigterm_releases_what_a_slow_handler_holds_once_the_grace_period_is_over(
-        spawner, dsn, db, tmp_path):
+    spawner, dsn, conn, tmp_path
+):
     _, first_id, second_id, took = await _sigterm_while_handling(
-        spawner, tmp_path, dsn, db, handler_seconds=60, grace=1)
+        spawner, tmp_path, dsn, conn, handler_seconds=60, grace=1
+    )
     assert took is not None and took < 5, "the worker did not stop within its grace period"
-    first, second = await todo(db, first_id), await todo(db, second_id)
-    assert (first["state"], first["owner"], first["attempt"]) == ("pending", None, 1)
-    assert (await transitions(db, first_id))[-1] == ("claimed", "pending", "py-term", 1, "released")
-    assert (second["state"], second["attempt"]) == ("pending", 0)
-    assert await db.fetchval("SELECT count(*) FROM todos WHERE state = 'claimed'") == 0
+    first, second = await todo_row(conn, first_id), await todo_row(conn, second_id)
+    assert (first.state, first.owner, first.attempt) == ("pending", None, 1)
+    assert (await transitions(conn, first_id))[-1] == ("claimed", "pending", "py-term", 1, "released")
+    assert (second.state, second.attempt) == ("pending", 0)
+    assert await conn.fetchval("SELECT count(*) FROM todos WHERE state = 'claimed'") == 0

@@ -20,10 +20,11 @@ from playwright.sync_api import expect
 
 from dashboard import db as dbmod
 from dashboard.accounts import Accounts
-from dashboard.models import NewTodo, Todo
+from dashboard.models import Todo
 from dashboard.store import Store
+from tests.conftest import ROOT
+from tests.factories import Step, claimed, dead_letter, enqueue, history, todo_row
 
-ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
 OPERATOR = "pw-olga"
 
@@ -82,9 +83,18 @@ def pytest_collection_modifyitems(session, config, items):
 
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args):
-    return {**browser_type_launch_args, "executable_path": "/usr/bin/chromium",
-            "args": ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                     "--disable-component-update", "--no-first-run", "--disable-sync"]}
+    return {
+        **browser_type_launch_args,
+        "executable_path": "/usr/bin/chromium",
+        "args": [
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--no-first-run",
+            "--disable-sync",
+        ],
+    }
 
 
 @pytest.fixture(scope="session")
@@ -115,8 +125,12 @@ def console(page) -> list[str]:
     """Everything the page logged as an error or warning, uncaught page errors, and every CSP
     violation (with its directive and source). Also installs the SSE probe above."""
     messages: list[str] = []
-    page.on("console", lambda m: messages.append(f"{m.type}: {m.text} @ {m.location}")
-            if m.type in ("error", "warning") else None)
+    page.on(
+        "console",
+        lambda m: (
+            messages.append(f"{m.type}: {m.text} @ {m.location}") if m.type in ("error", "warning") else None
+        ),
+    )
     page.on("pageerror", lambda e: messages.append(f"pageerror: {e}"))
     page.add_init_script(SSE_PROBE)
     return messages
@@ -152,11 +166,23 @@ def browser_context_args(browser_context_args, base_url, operator_account):
     name, password = operator_account
     with httpx.Client(base_url=base_url) as http:
         http.get("/login")
-        answer = http.post("/login", data={"name": name, "password": password,
-                                           "_csrf_token": http.cookies["csrftoken"]})
+        answer = http.post(
+            "/login", data={"name": name, "password": password, "_csrf_token": http.cookies["csrftoken"]}
+        )
         assert answer.status_code == 303, answer.text
-        cookies = [{"name": c.name, "value": c.value, "domain": "127.0.0.1", "path": "/", "expires": -1,
-                    "httpOnly": True, "secure": False, "sameSite": "Strict"} for c in http.cookies.jar]
+        cookies = [
+            {
+                "name": c.name,
+                "value": c.value,
+                "domain": "127.0.0.1",
+                "path": "/",
+                "expires": -1,
+                "httpOnly": True,
+                "secure": False,
+                "sameSite": "Strict",
+            }
+            for c in http.cookies.jar
+        ]
     return {**browser_context_args, "storage_state": {"cookies": cookies, "origins": []}}
 
 
@@ -188,30 +214,21 @@ class LiveDatabase:
         return on_database(self.dsn, work)
 
     def enqueue(self, queue: str, title: str, **fields) -> Todo:
-        item = NewTodo(queue=queue, title=title, **fields)
-        return self.run(lambda conn: Store(conn).create(item)).todo
+        return self.run(lambda conn: enqueue(Store(conn), queue, title, **fields))
 
     def claimed(self, queue: str, title: str, *, owner: str = "agent-7", ttl: float = 300, **fields) -> Todo:
-        todo = self.enqueue(queue, title, **fields)
-        return self.run(lambda conn: Store(conn).claim(todo.id, owner, ttl))
+        return self.run(lambda conn: claimed(Store(conn), queue, title, owner=owner, ttl=ttl, **fields))
 
     def dead(self, queue: str, title: str, *, error: str = "boom", **fields) -> Todo:
-        todo = self.claimed(queue, title, owner="agent-1", ttl=60, max_attempts=1, **fields)
-        return self.run(lambda conn: Store(conn).fail(todo.id, "agent-1", todo.lease_token, error))
+        return self.run(
+            lambda conn: dead_letter(Store(conn), conn, queue, title, owner="agent-1", error=error, **fields)
+        )
 
     def todo(self, todo_id: str) -> Todo:
-        async def read(conn):
-            return Todo.from_record(await conn.fetchrow("SELECT * FROM todos WHERE id = $1", todo_id))
+        return self.run(lambda conn: todo_row(conn, todo_id))
 
-        return self.run(read)
-
-    def history(self, todo_id: str) -> list[dict]:
-        async def read(conn):
-            rows = await conn.fetch("SELECT from_state, to_state, actor, note FROM todo_history "
-                                    "WHERE todo_id = $1 ORDER BY id", todo_id)
-            return [dict(r) for r in rows]
-
-        return self.run(read)
+    def history(self, todo_id: str) -> list[Step]:
+        return self.run(lambda conn: history(conn, todo_id))
 
 
 @pytest.fixture(scope="session")

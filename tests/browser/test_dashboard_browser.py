@@ -10,10 +10,11 @@ from __future__ import annotations
 import html
 import re
 import time
-import uuid
 
 import pytest
 from playwright.sync_api import expect
+
+from tests.factories import unique
 
 pytestmark = pytest.mark.browser
 
@@ -31,7 +32,7 @@ def csp_violations(console: list[str]) -> list[str]:
 @pytest.fixture
 def queue() -> str:
     """A queue no other test touches."""
-    return f"pw-{uuid.uuid4().hex[:10]}"
+    return unique("pw")
 
 
 def confirmations(page, *, accept: bool = True) -> list[str]:
@@ -60,7 +61,7 @@ def posted(path: str):
 
 
 def test_an_operator_logs_in_creates_an_assigned_todo_and_sees_it_on_its_queue_page(
-    page, console, shot, operator_account, live_db, queue,
+    page, console, shot, operator_account, live_db, queue
 ):
     name, password = operator_account
     page.context.clear_cookies()  # contexts start logged in; this test logs in through the form
@@ -87,14 +88,15 @@ def test_an_operator_logs_in_creates_an_assigned_todo_and_sees_it_on_its_queue_p
     expect(row).to_be_visible()
     expect(row).to_contain_text("sam")
     expect(row).to_contain_text("phone")
-    stored = live_db.run(lambda conn: conn.fetch("SELECT assignee, payload FROM todos WHERE queue = $1",
-                                                 queue))
+    stored = live_db.run(
+        lambda conn: conn.fetch("SELECT assignee, payload FROM todos WHERE queue = $1", queue)
+    )
     assert [tuple(r) for r in stored] == [("sam", {"phone": "+44 20 7946 0000"})]
     assert csp_violations(console) == [], "\n".join(console)
 
 
 def test_a_todo_enqueued_elsewhere_appears_on_the_open_overview_within_two_seconds(
-    logged_in, console, listening, live_db, queue, shot,
+    logged_in, console, listening, live_db, queue, shot
 ):
     page = logged_in
     listening()
@@ -111,7 +113,7 @@ def test_a_todo_enqueued_elsewhere_appears_on_the_open_overview_within_two_secon
 
 
 def test_the_new_work_notice_names_the_queue_that_got_work(
-    logged_in, console, listening, live_db, queue, shot,
+    logged_in, console, listening, live_db, queue, shot
 ):
     page = logged_in
     page.goto(f"/queues/{queue}")
@@ -126,7 +128,7 @@ def test_the_new_work_notice_names_the_queue_that_got_work(
 
 
 def test_a_dead_letter_retried_from_the_dead_letters_page_moves_to_ready(
-    logged_in, console, live_db, queue, shot,
+    logged_in, console, live_db, queue, shot
 ):
     page = logged_in
     died = live_db.dead(queue, "bounced mail", error="SMTP 550: mailbox unavailable")
@@ -151,7 +153,7 @@ def test_a_dead_letter_retried_from_the_dead_letters_page_moves_to_ready(
 
 @pytest.mark.parametrize("button", ["Retry", "Retry selected", "Retry all"])
 def test_every_dead_letter_retry_button_asks_first_and_does_nothing_when_declined(
-    logged_in, console, live_db, queue, shot, button,
+    logged_in, console, live_db, queue, shot, button
 ):
     page = logged_in
     died = live_db.dead(queue, "keep me dead")
@@ -173,7 +175,7 @@ def test_every_dead_letter_retry_button_asks_first_and_does_nothing_when_decline
 
 
 def test_the_retry_report_stays_on_screen_while_the_table_refreshes_live(
-    logged_in, console, listening, live_db, queue, shot,
+    logged_in, console, listening, live_db, queue, shot
 ):
     page = logged_in
     keyed = live_db.dead(queue, "keyed", idempotency_key="order-7")
@@ -209,7 +211,7 @@ def test_the_retry_report_stays_on_screen_while_the_table_refreshes_live(
 
 
 def test_a_lease_is_force_released_from_the_leases_page(
-    logged_in, console, live_db, queue, shot, operator_account,
+    logged_in, console, live_db, queue, shot, operator_account
 ):
     page = logged_in
     held = live_db.claimed(queue, "stuck job", owner="agent-gone", ttl=600)
@@ -228,12 +230,12 @@ def test_a_lease_is_force_released_from_the_leases_page(
     expect(row).to_have_count(0)
     after = live_db.todo(held.id)
     assert (after.state, after.owner) == ("pending", None)
-    assert live_db.history(held.id)[-1]["actor"] == f"operator:{operator_account[0]}"
+    assert live_db.history(held.id)[-1].actor == f"operator:{operator_account[0]}"
     assert csp_violations(console) == [], "\n".join(console)
 
 
 def test_markup_in_a_title_and_payload_is_shown_as_text_and_never_runs(
-    logged_in, console, live_db, queue, shot,
+    logged_in, console, live_db, queue, shot
 ):
     page = logged_in
     title = '<script>window.__xss = "title"</script><img src=x onerror="window.__xss = 1"><b>bold</b>'
@@ -242,8 +244,11 @@ def test_markup_in_a_title_and_payload_is_shown_as_text_and_never_runs(
     live_db.dead(queue, title, error="<script>window.__xss = 'error'</script>")
     dialogs = confirmations(page, accept=False)
 
-    for label, path in [("todo", f"/todos/{todo.id}"), ("queue", f"/queues/{queue}"),
-                        ("dead", f"/dead?queue={queue}")]:
+    for label, path in [
+        ("todo", f"/todos/{todo.id}"),
+        ("queue", f"/queues/{queue}"),
+        ("dead", f"/dead?queue={queue}"),
+    ]:
         page.goto(path)
         expect(page.locator("main")).to_contain_text(title)
         assert page.locator("main script, main img, main b, main i, main u").count() == 0, path
@@ -251,14 +256,14 @@ def test_markup_in_a_title_and_payload_is_shown_as_text_and_never_runs(
         shot(label)
 
     page.goto(f"/todos/{todo.id}")
-    expect(page.locator("pre.json").first).to_contain_text("\"html\": \"<script>alert('payload')</script>\"")
+    expect(page.locator("pre.json").first).to_contain_text('"html": "<script>alert(\'payload\')</script>"')
     expect(page.locator("h1.todo-title")).to_contain_text("<b>bold</b>")
     assert dialogs == []
     assert csp_violations(console) == [], "\n".join(console)
 
 
 def test_an_open_page_keeps_updating_after_the_servers_listen_connection_is_killed(
-    logged_in, console, listening, live_db, queue, shot,
+    logged_in, console, listening, live_db, queue, shot
 ):
     page = logged_in
     listening()
@@ -304,15 +309,22 @@ def test_the_lease_countdown_ticks_down_in_the_browser(logged_in, console, live_
 
 
 def test_no_page_breaks_the_content_security_policy_which_is_enforced(
-    logged_in, console, live_db, queue, shot,
+    logged_in, console, live_db, queue, shot
 ):
     page = logged_in
     died = live_db.dead(queue, "a dead one")
     held = live_db.claimed(queue, "a held one")
-    pages = {"overview": "/", "queue": f"/queues/{queue}", "leases": "/leases",
-             "dead": f"/dead?queue={queue}", "dead-todo": f"/todos/{died.id}",
-             "held-todo": f"/todos/{held.id}", "create": "/create", "tokens": "/tokens",
-             "not-found": "/todos/td_nope"}
+    pages = {
+        "overview": "/",
+        "queue": f"/queues/{queue}",
+        "leases": "/leases",
+        "dead": f"/dead?queue={queue}",
+        "dead-todo": f"/todos/{died.id}",
+        "held-todo": f"/todos/{held.id}",
+        "create": "/create",
+        "tokens": "/tokens",
+        "not-found": "/todos/td_nope",
+    }
 
     for label, path in pages.items():
         page.goto(path)
@@ -349,7 +361,7 @@ def test_a_new_work_notice_raises_no_script_error(logged_in, console, listening,
 
 
 def test_a_ticked_dead_letter_selection_survives_live_refreshes(
-    logged_in, console, listening, live_db, queue, shot,
+    logged_in, console, listening, live_db, queue, shot
 ):
     page = logged_in
     first = live_db.dead(queue, "first to die")

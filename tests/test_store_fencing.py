@@ -1,0 +1,132 @@
+"""Fencing: a lease that lapsed or was taken back can never act on the newer attempt, the
+lease token is never reused, and a todo's whole life is in its history.
+
+The module's tests share one database, emptied before each test (fresh_module_db).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dashboard.errors import Conflict
+from tests.conftest import ONE_DATABASE_PER_MODULE
+from tests.factories import (
+    claimed,
+    dead_letter,
+    enqueue,
+    expire_lease,
+    history,
+    make_retry_due,
+    new_todo,
+    todo_row,
+)
+
+pytestmark = ONE_DATABASE_PER_MODULE
+
+
+# -- fencing ---------------------------------------------------------------------------
+
+
+async def _lapse_and_reclaim(module_store, module_pool, first_owner: str, second_owner: str):
+    old = await claimed(module_store, owner=first_owner)
+    await expire_lease(module_pool, old.id)
+    [reaped] = await module_store.reap()
+    assert reaped.state == "pending"
+    await make_retry_due(module_pool, old.id)
+    new_claim = await module_store.claim(old.id, second_owner, 30)
+    assert new_claim.lease_token == old.lease_token + 1
+    return old, new_claim
+
+
+@pytest.mark.parametrize("second_owner", ["agent-b", "agent-a"], ids=["another", "same-name"])
+async def test_a_lapsed_lease_cannot_act_after_the_todo_was_claimed_again(
+    module_store, module_pool, second_owner
+):
+    old, current = await _lapse_and_reclaim(module_store, module_pool, "agent-a", second_owner)
+    calls = {
+        "heartbeat": lambda: module_store.heartbeat(old.id, "agent-a", old.lease_token, 600),
+        "complete": lambda: module_store.complete(old.id, "agent-a", old.lease_token, {"by": "old"}),
+        "fail": lambda: module_store.fail(old.id, "agent-a", old.lease_token, "old gave up"),
+        "release": lambda: module_store.release(old.id, "agent-a", old.lease_token),
+        "complete_and_claim_next": lambda: module_store.complete_and_claim_next(
+            old.id, "agent-a", old.lease_token, {"by": "old"}, ["q"], 30
+        ),
+    }
+    for action, call in calls.items():
+        with pytest.raises(Conflict) as exc:
+            await call()
+        assert f"it is claimed by {second_owner}" in str(exc.value), action
+        if second_owner == "agent-a":
+            assert f"lease {old.lease_token} is stale (the current lease is {current.lease_token})" in str(
+                exc.value
+            ), action
+        assert await todo_row(module_pool, old.id) == current, action
+
+    done = await module_store.complete(old.id, second_owner, current.lease_token, {"by": "new"})
+    assert done.result == {"by": "new"}
+    with pytest.raises(Conflict, match="it is done"):
+        await module_store.complete(old.id, "agent-a", old.lease_token, {"by": "old"})
+    assert (await todo_row(module_pool, old.id)).result == {"by": "new"}
+
+
+async def test_a_lease_taken_back_by_an_operator_and_claimed_again_is_fenced(module_store, module_pool):
+    old = await claimed(module_store, owner="agent-a")
+    await module_store.force_release(old.id, "op-ann")
+    current = await module_store.claim(old.id, "agent-a", 30)
+    with pytest.raises(Conflict, match="is stale"):
+        await module_store.complete(old.id, "agent-a", old.lease_token, {"by": "old"})
+    assert (await module_store.complete(old.id, "agent-a", current.lease_token, {"by": "new"})).result == {
+        "by": "new"
+    }
+
+
+async def test_the_lease_token_is_never_reused_even_after_an_operator_retry(module_store, module_pool):
+    dead = await dead_letter(module_store, module_pool, max_attempts=2)
+    await module_store.retry(dead.id, "op-ann")
+    again = await module_store.claim(dead.id, "w1", 30)
+    assert again.attempt == 1
+    assert again.lease_token == 3
+    with pytest.raises(Conflict, match="is stale"):
+        await module_store.complete(dead.id, "w1", 1)
+
+
+# -- history over a whole life -----------------------------------------------------------
+
+
+async def test_a_todos_whole_life_is_in_its_history_one_row_per_transition(module_store, module_pool):
+    todo = await enqueue(module_store, max_attempts=3, idempotency_key="life")
+    await module_store.create(new_todo(idempotency_key="life"))
+    a = await module_store.claim_next(["q"], "w1", 30)
+    await module_store.heartbeat(a.id, "w1", a.lease_token, 30)
+    await module_store.release(a.id, "w1", a.lease_token)
+    b = await module_store.claim(todo.id, "w2", 30)
+    await expire_lease(module_pool, todo.id)
+    await module_store.reap()
+    await make_retry_due(module_pool, todo.id)
+    await module_store.promote_due_retries()
+    c = await module_store.claim(todo.id, "w3", 30)
+    await module_store.fail(todo.id, "w3", c.lease_token, "gave up")
+    await module_store.retry(todo.id, "op-ann")
+    d = await module_store.claim(todo.id, "w4", 30)
+    await module_store.force_release(todo.id, "op-bob")
+    e = await module_store.claim(todo.id, "w5", 30)
+    await module_store.complete(todo.id, "w5", e.lease_token, {"ok": True})
+
+    assert [b.lease_token, c.lease_token, d.lease_token, e.lease_token] == [2, 3, 4, 5]
+    assert await history(module_pool, todo.id) == [
+        (None, "pending", "producer", 0, "created"),
+        ("pending", "pending", "producer", 0, "duplicate delivery collapsed"),
+        ("pending", "claimed", "w1", 1, "claimed"),
+        ("claimed", "claimed", "w1", 1, "heartbeat"),
+        ("claimed", "pending", "w1", 1, "released"),
+        ("pending", "claimed", "w2", 2, "claimed by id"),
+        ("claimed", "pending", "reaper", 2, "lease expired (owner w2)"),
+        ("pending", "pending", "reaper", 2, "retry due"),
+        ("pending", "claimed", "w3", 3, "claimed by id"),
+        ("claimed", "failed", "w3", 3, "gave up"),
+        ("failed", "pending", "op-ann", 0, "retried by operator: fresh budget"),
+        ("pending", "claimed", "w4", 1, "claimed by id"),
+        ("claimed", "pending", "op-bob", 1, "lease force-released (was held by w4)"),
+        ("pending", "claimed", "w5", 2, "claimed by id"),
+        ("claimed", "done", "w5", 2, "completed"),
+    ]

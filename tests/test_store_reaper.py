@@ -1,0 +1,152 @@
+"""The housekeeping Store does on its own: reap lapsed leases, promote due retries, prune
+finished todos.
+
+Time moves by SQL (lease_expires_at, next_retry_at, completed_at set into the past).
+
+The module's tests share one database, emptied before each test (fresh_module_db).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from dashboard import db as dbmod
+from dashboard.store import Store
+from tests.conftest import ONE_DATABASE_PER_MODULE
+from tests.factories import (
+    claimed,
+    db_now,
+    dead_letter,
+    enqueue,
+    expire_lease,
+    history,
+    last_step,
+    make_retry_due,
+    new_todo,
+    todo_row,
+)
+
+pytestmark = ONE_DATABASE_PER_MODULE
+
+
+# -- the reaper ------------------------------------------------------------------------
+
+
+async def test_reap_puts_an_expired_lease_back_with_a_backoff_and_says_whose_it_was(
+    module_store, module_pool
+):
+    held = await claimed(module_store, owner="ann")
+    live = await claimed(module_store, owner="bob")
+    await expire_lease(module_pool, held.id)
+    before = await db_now(module_pool)
+    reaped = await module_store.reap()
+    after = await db_now(module_pool)
+
+    assert [t.id for t in reaped] == [held.id]
+    todo = reaped[0]
+    assert (todo.state, todo.owner, todo.attempt) == ("pending", None, 1)
+    assert todo.last_error == "lease expired (owner ann)"
+    assert before + timedelta(seconds=2) <= todo.next_retry_at <= after + timedelta(seconds=2)
+    assert await last_step(module_pool, held.id) == (
+        "claimed",
+        "pending",
+        "reaper",
+        1,
+        "lease expired (owner ann)",
+    )
+    assert await todo_row(module_pool, live.id) == live
+
+
+async def test_reap_at_the_cap_dead_letters(module_store, module_pool):
+    held = await claimed(module_store, owner="ann", max_attempts=1)
+    await expire_lease(module_pool, held.id)
+    [todo] = await module_store.reap()
+    assert (todo.state, todo.attempt, todo.next_retry_at) == ("failed", 1, None)
+    assert todo.last_error == "lease expired (owner ann)" and todo.completed_at is not None
+    assert await last_step(module_pool, held.id) == (
+        "claimed",
+        "failed",
+        "reaper",
+        1,
+        "lease expired (owner ann)",
+    )
+
+
+async def test_reap_takes_at_most_limit_todos_per_call(module_store, module_pool):
+    await module_store.create_many([new_todo() for _ in range(5)])
+    held = await module_store.claim_batch(["q"], "w1", 30, 5)
+    await module_pool.execute("UPDATE todos SET lease_expires_at = now() - interval '1 minute'")
+    assert len(await module_store.reap(limit=2)) == 2
+    assert len(await module_store.reap(limit=10)) == 3
+    assert await module_store.reap() == []
+    assert len(held) == 5
+
+
+async def test_reap_never_reopens_a_todo_completed_while_it_ran(module_dsn, module_store, module_pool):
+    held = await claimed(module_store, owner="ann")
+    await expire_lease(module_pool, held.id)
+    worker = await dbmod.connect(module_dsn)
+    try:
+        async with worker.transaction():
+            # The late worker's complete holds the row while the reaper runs.
+            await Store(worker).complete(held.id, "ann", held.lease_token, None)
+            assert await module_store.reap() == []
+        assert await module_store.reap() == []
+    finally:
+        await worker.close()
+    assert (await todo_row(module_pool, held.id)).state == "done"
+    assert [h[3] for h in await history(module_pool, held.id) if h[2] == "reaper"] == []
+
+
+async def test_reap_leaves_done_and_failed_todos_alone(module_store, module_pool):
+    done = await claimed(module_store)
+    await module_store.complete(done.id, "w1", done.lease_token)
+    dead = await dead_letter(module_store, module_pool)
+    await module_store.reap()
+    assert (await todo_row(module_pool, done.id)).state == "done"
+    assert (await todo_row(module_pool, dead.id)).state == "failed"
+
+
+async def test_promote_due_retries_clears_only_due_retry_times(module_store, module_pool):
+    due = await claimed(module_store)
+    await module_store.fail(due.id, "w1", due.lease_token, "x")
+    later = await claimed(module_store)
+    await module_store.fail(later.id, "w1", later.lease_token, "x")
+
+    assert await module_store.promote_due_retries() == 0
+    await make_retry_due(module_pool, due.id)
+    assert await module_store.promote_due_retries() == 1
+    assert (await todo_row(module_pool, due.id)).next_retry_at is None
+    assert (await todo_row(module_pool, later.id)).next_retry_at is not None
+    assert await last_step(module_pool, due.id) == ("pending", "pending", "reaper", 1, "retry due")
+    assert await module_store.promote_due_retries() == 0
+
+
+# -- prune -----------------------------------------------------------------------------
+
+
+async def test_prune_deletes_only_finished_todos_older_than_the_age(module_store, module_pool):
+    old_done = await claimed(module_store)
+    await module_store.complete(old_done.id, "w1", old_done.lease_token)
+    old_dead = await dead_letter(module_store, module_pool)
+    young_done = await claimed(module_store)
+    await module_store.complete(young_done.id, "w1", young_done.lease_token)
+    old_pending = await enqueue(module_store)
+    old_claimed = await claimed(module_store)
+    await module_pool.execute(
+        "UPDATE todos SET completed_at = now() - interval '2 days' WHERE id = ANY($1)",
+        [old_done.id, old_dead.id],
+    )
+    await module_pool.execute(
+        "UPDATE todos SET created_at = now() - interval '3 days' WHERE id = ANY($1)",
+        [old_pending.id, old_claimed.id],
+    )
+    await module_pool.execute(
+        "UPDATE todos SET completed_at = now() - interval '1 hour' WHERE id = $1", young_done.id
+    )
+
+    assert await module_store.prune(86400, batch=1) == 2
+    left = {r["id"] for r in await module_pool.fetch("SELECT id FROM todos")}
+    assert left == {young_done.id, old_pending.id, old_claimed.id}
+    assert await history(module_pool, old_done.id) == []
+    assert await module_store.prune(86400) == 0
