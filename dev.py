@@ -33,8 +33,20 @@ def ensure_venv(extras: str) -> None:
         print("creating .venv …", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
     print(f"installing switchboard[{extras}] into .venv …", flush=True)
-    subprocess.run([str(BIN / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                    "-e", f".[{extras}]" if extras != "base" else "."], check=True, cwd=ROOT)
+    subprocess.run(
+        [
+            str(BIN / "python"),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-e",
+            f".[{extras}]" if extras != "base" else ".",
+        ],
+        check=True,
+        cwd=ROOT,
+    )
     stamp.write_text(want)
 
 
@@ -47,8 +59,10 @@ def ensure_chromium() -> None:
         subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
         subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], check=True, env=env)
         return
-    sys.exit(f"the browser tests need Chromium at {CHROMIUM}: install Debian's package "
-             "(sudo apt-get install chromium) or set CHROMIUM_PATH")
+    sys.exit(
+        f"the browser tests need Chromium at {CHROMIUM}: install Debian's package "
+        "(sudo apt-get install chromium) or set CHROMIUM_PATH"
+    )
 
 
 def main(argv: list[str]) -> int:

@@ -83,10 +83,18 @@ def create_values(ids, numbers, keys, actor: str) -> dict:
     """create_todos' values for plain asyncpg (payloads passed as JSON text)."""
     n = len(ids)
     return {
-        "ids": ids, "queues": [QUEUE] * n, "sources": ["bench"] * n, "kinds": ["bench"] * n,
-        "titles": [f"todo {i}" for i in numbers], "payloads": [f'{{"n": {i}}}' for i in numbers],
-        "idempotency_keys": keys, "assignees": [None] * n, "max_attempts": [5] * n,
-        "event_ids": [None] * n, "dedupe_hits": [0] * n, "actor": actor,
+        "ids": ids,
+        "queues": [QUEUE] * n,
+        "sources": ["bench"] * n,
+        "kinds": ["bench"] * n,
+        "titles": [f"todo {i}" for i in numbers],
+        "payloads": [f'{{"n": {i}}}' for i in numbers],
+        "idempotency_keys": keys,
+        "assignees": [None] * n,
+        "max_attempts": [5] * n,
+        "event_ids": [None] * n,
+        "dedupe_hits": [0] * n,
+        "actor": actor,
     }
 
 
@@ -149,7 +157,9 @@ async def baseline_enqueue_batches(conn: asyncpg.Connection, batches: list[list[
         ids = [f"td_{uuid.uuid4()}" for _ in batch]
         numbers = [number for number, _ in batch]
         keys = [key for _, key in batch]
-        total += len(await conn.fetch(CREATE.sql, *CREATE.args(create_values(ids, numbers, keys, "producer"))))
+        total += len(
+            await conn.fetch(CREATE.sql, *CREATE.args(create_values(ids, numbers, keys, "producer")))
+        )
     return total
 
 

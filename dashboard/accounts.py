@@ -66,9 +66,7 @@ def check_password(password: str, stored: str) -> bool:
     try:
         _, n, r, p, salt, digest = stored.split("$")
         expected = base64.b64decode(digest)
-        actual = hashlib.scrypt(
-            password.encode(), salt=base64.b64decode(salt), n=int(n), r=int(r), p=int(p)
-        )
+        actual = hashlib.scrypt(password.encode(), salt=base64.b64decode(salt), n=int(n), r=int(r), p=int(p))
     except (ValueError, TypeError):
         return False
     return hmac.compare_digest(actual, expected)
@@ -92,7 +90,9 @@ class Accounts:
             raise InvalidInput("role", f"must be one of {', '.join(ROLES)}")
         password = password or secrets.token_urlsafe(15)
         try:
-            await SQL.add_operator.execute(self.db, name=name, role=role, password_hash=hash_password(password))
+            await SQL.add_operator.execute(
+                self.db, name=name, role=role, password_hash=hash_password(password)
+            )
         except asyncpg.UniqueViolationError:
             raise Conflict(f"operator {name} already exists") from None
         return password
@@ -127,7 +127,8 @@ class Accounts:
         token_id = "tk_" + secrets.token_hex(6)
         secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
         await SQL.add_token.execute(
-            self.db, id=token_id, agent=agent, queues=queues, token_hash=token_hash(secret), created_by=actor)
+            self.db, id=token_id, agent=agent, queues=queues, token_hash=token_hash(secret), created_by=actor
+        )
         return token_id, secret
 
     async def agent_for(self, secret: str) -> Agent | None:

@@ -30,10 +30,20 @@ class ApiError(Exception):
 
 
 class CommandWorker:
-    def __init__(self, url: str, token: str, queues: list[str], command: str, *,
-                 ttl: float = 60, wait: float = 20, once: bool = False):
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        queues: list[str],
+        command: str,
+        *,
+        ttl: float = 60,
+        wait: float = 20,
+        once: bool = False,
+    ):
         self.client = httpx.AsyncClient(
-            base_url=url.rstrip("/") + "/api/v1", headers={"Authorization": f"Bearer {token}"},
+            base_url=url.rstrip("/") + "/api/v1",
+            headers={"Authorization": f"Bearer {token}"},
             timeout=httpx.Timeout(10, read=wait + 10),
         )
         self.queues, self.command, self.ttl, self.wait, self.once = queues, command, ttl, wait, once
@@ -59,7 +69,8 @@ class CommandWorker:
             while not self.stopping.is_set():
                 wait = 0 if self.once else self.wait
                 claim = asyncio.create_task(
-                    self.call("/claims", {"queues": self.queues, "ttl": self.ttl, "wait": wait}))
+                    self.call("/claims", {"queues": self.queues, "ttl": self.ttl, "wait": wait})
+                )
                 stop = asyncio.create_task(self.stopping.wait())
                 await asyncio.wait({claim, stop}, return_when=asyncio.FIRST_COMPLETED)
                 stop.cancel()
@@ -83,8 +94,11 @@ class CommandWorker:
         todo_id, lease = todo["id"], todo["lease"]
         log.info("claimed %s (attempt %s): %s", todo_id, todo["attempt"], todo["title"])
         proc = await asyncio.create_subprocess_shell(
-            self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True,
+            self.command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
         )
         beat = asyncio.create_task(self.heartbeat(todo_id, lease))
         run = asyncio.create_task(proc.communicate(json.dumps(todo).encode()))
@@ -138,8 +152,9 @@ async def run_command_worker(args) -> int:
     if not args.token:
         print("switchboard worker: give --token or set SWITCHBOARD_TOKEN", file=sys.stderr)
         return 2
-    worker = CommandWorker(args.url, args.token, args.queue, args.command,
-                           ttl=args.ttl, wait=args.wait, once=args.once)
+    worker = CommandWorker(
+        args.url, args.token, args.queue, args.command, ttl=args.ttl, wait=args.wait, once=args.once
+    )
     with contextlib.suppress(asyncio.CancelledError):
         return await worker.run()
     return 0

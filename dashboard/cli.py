@@ -147,8 +147,14 @@ async def cmd_enqueue(db, args) -> int:
     except json.JSONDecodeError as exc:
         raise InvalidInput("payload", f"is not JSON: {exc}") from None
     item = NewTodo(
-        queue=args.queue, title=args.title, payload=payload, kind=args.kind, source=args.source,
-        idempotency_key=args.idempotency_key, assignee=args.assignee, max_attempts=args.max_attempts,
+        queue=args.queue,
+        title=args.title,
+        payload=payload,
+        kind=args.kind,
+        source=args.source,
+        idempotency_key=args.idempotency_key,
+        assignee=args.assignee,
+        max_attempts=args.max_attempts,
     )
     created = await Store(db.pool).create(item, actor="cli")
     print(msgspec.json.format(msgspec.json.encode(created)).decode())

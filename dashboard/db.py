@@ -154,8 +154,13 @@ SERVER_SETTINGS = {"plan_cache_mode": "force_generic_plan"}
 async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 10) -> asyncpg.Pool:
     try:
         return await asyncpg.create_pool(
-            dsn, min_size=min_size, max_size=max_size, init=init_connection, timeout=10,
-            reset=reset_connection, server_settings=SERVER_SETTINGS,
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            init=init_connection,
+            timeout=10,
+            reset=reset_connection,
+            server_settings=SERVER_SETTINGS,
         )
     except Exception as exc:
         raise DatabaseUnavailable(describe_failure(dsn, exc)) from None

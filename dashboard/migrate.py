@@ -7,8 +7,8 @@ checksum no longer matches what was applied stops start-up, naming the file.
 from __future__ import annotations
 
 import hashlib
-from importlib.resources import files
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 
 import asyncpg
@@ -68,7 +68,8 @@ async def apply_migrations(conn: asyncpg.Connection, directory: Path = MIGRATION
             async with conn.transaction():
                 await conn.execute(migration.sql)
                 await SQL.record.execute(
-                    conn, version=migration.version, name=migration.name, checksum=migration.checksum)
+                    conn, version=migration.version, name=migration.name, checksum=migration.checksum
+                )
             applied_now.append(migration.name)
     finally:
         await SQL.unlock.execute(conn, key=ADVISORY_LOCK_KEY)

@@ -118,8 +118,9 @@ def check_id(todo_id: Any) -> str:
 def check_queue(name: Any, field: str = "queue") -> str:
     if not isinstance(name, str) or not QUEUE_NAME.fullmatch(name):
         raise InvalidInput(
-            field, f"{name!r} is not a queue name (lowercase letters, digits, _ . -; 1-63 chars, "
-            "starting with a letter or digit)"
+            field,
+            f"{name!r} is not a queue name (lowercase letters, digits, _ . -; 1-63 chars, "
+            "starting with a letter or digit)",
         )
     return name
 
@@ -131,16 +132,16 @@ def check_queues(names: Any) -> list[str]:
 
 
 def check_ttl(ttl: Any) -> float:
-    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not (
-        TTL_MIN <= ttl <= TTL_MAX
-    ):
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not (TTL_MIN <= ttl <= TTL_MAX):
         raise InvalidInput("ttl", f"must be a number of seconds from {TTL_MIN} to {TTL_MAX}")
     return float(ttl)
 
 
 def check_max_attempts(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not (
-        MAX_ATTEMPTS_MIN <= value <= MAX_ATTEMPTS_MAX
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not (MAX_ATTEMPTS_MIN <= value <= MAX_ATTEMPTS_MAX)
     ):
         raise InvalidInput(
             "max_attempts", f"must be a whole number from {MAX_ATTEMPTS_MIN} to {MAX_ATTEMPTS_MAX}"
@@ -202,7 +203,6 @@ def check_new_todo(item: NewTodo) -> tuple[str, str | None]:
     check_text(item.event.source, "event.source", required=True)
     check_text(item.event.kind, "event.kind", required=True)
     return payload, check_json_object(item.event.payload, "event.payload")
-
 
 
 def check_wait(wait: Any) -> float:

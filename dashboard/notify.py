@@ -2,8 +2,9 @@
 
 Subscribers are browser pages (SSE), agents' notify channels (SSE), waiting long-poll
 claims and the Python Worker (which runs a hub of its own). A hint only says "something
-happened in queue q"; the queue stays the ledger. Each subscriber keeps the set of queues hinted since it last looked, so a burst of
-hints costs it one wake-up, never an unbounded backlog. When the LISTEN connection is
+happened in queue q"; the queue stays the ledger. Each subscriber keeps the set of
+queues hinted since it last looked, so a burst of hints costs it one wake-up, never an
+unbounded backlog. When the LISTEN connection is
 lost it is re-opened with backoff and every subscriber is told to resync, because hints
 sent meanwhile are gone.
 """

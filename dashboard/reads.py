@@ -176,11 +176,19 @@ class Reads:
         before_at, before_id = decode_cursor(after)
         search = filters.search.strip() if filters.search else None
         rows = await self._custom_plan(
-            SQL.list_todos, queue=filters.queue,
-            queues=None if filters.queues is None else list(filters.queues), state=state, due=due,
-            assignee=filters.assignee, owner=filters.owner, kind=filters.kind,
-            search=search, search_like=_like(search) if search else None,
-            before_at=before_at, before_id=before_id, limit=check_limit(limit) + 1,
+            SQL.list_todos,
+            queue=filters.queue,
+            queues=None if filters.queues is None else list(filters.queues),
+            state=state,
+            due=due,
+            assignee=filters.assignee,
+            owner=filters.owner,
+            kind=filters.kind,
+            search=search,
+            search_like=_like(search) if search else None,
+            before_at=before_at,
+            before_id=before_id,
+            limit=check_limit(limit) + 1,
         )
         return self._page(rows, limit, "created_at")
 
@@ -190,8 +198,11 @@ class Reads:
         """Newest death first."""
         before_at, before_id = decode_cursor(after)
         rows = await SQL.list_dead_letters.fetch(
-            self.db, queue=None if queue is None else check_queue(queue),
-            before_at=before_at, before_id=before_id, limit=check_limit(limit) + 1,
+            self.db,
+            queue=None if queue is None else check_queue(queue),
+            before_at=before_at,
+            before_id=before_id,
+            limit=check_limit(limit) + 1,
         )
         return self._page(rows, limit, "completed_at")
 
@@ -236,5 +247,8 @@ class Reads:
     def _page(rows: list, limit: int, newest_by: str) -> Page:
         items = [Todo.from_record(r) for r in rows[:limit]]
         last = items[-1] if len(rows) > limit else None
-        return Page(items, encode_cursor(getattr(last, newest_by), last.id) if last else None,
-                    rows[0]["read_at"] if rows else None)
+        return Page(
+            items,
+            encode_cursor(getattr(last, newest_by), last.id) if last else None,
+            rows[0]["read_at"] if rows else None,
+        )

@@ -102,17 +102,46 @@ class Store:
         ordered = sorted(rows.values(), key=lambda r: (r[1].queue, r[1].idempotency_key or ""))
         events = {tid: (f"ev_{uuid.uuid4()}", it.event, enc[1]) for tid, it, enc in ordered if it.event}
 
-        columns = dict(zip(_TODO_COLUMNS, zip(*(
-            (tid, it.queue, it.source, it.kind, it.title, payload, it.idempotency_key,
-             it.assignee, it.max_attempts, events[tid][0] if tid in events else None,
-             extra_hits[tid])
-            for tid, it, (payload, _) in ordered
-        ), strict=True), strict=True))
+        columns = dict(
+            zip(
+                _TODO_COLUMNS,
+                zip(
+                    *(
+                        (
+                            tid,
+                            it.queue,
+                            it.source,
+                            it.kind,
+                            it.title,
+                            payload,
+                            it.idempotency_key,
+                            it.assignee,
+                            it.max_attempts,
+                            events[tid][0] if tid in events else None,
+                            extra_hits[tid],
+                        )
+                        for tid, it, (payload, _) in ordered
+                    ),
+                    strict=True,
+                ),
+                strict=True,
+            )
+        )
         if events:
             async with transaction(self.db) as conn:
-                await SQL.create_events.execute(conn, **dict(zip(_EVENT_COLUMNS, zip(*(
-                    (eid, ev.source, ev.kind, payload) for eid, ev, payload in events.values()
-                ), strict=True), strict=True)))
+                await SQL.create_events.execute(
+                    conn,
+                    **dict(
+                        zip(
+                            _EVENT_COLUMNS,
+                            zip(
+                                *((eid, ev.source, ev.kind, payload) for eid, ev, payload in events.values()),
+                                strict=True,
+                            ),
+                            strict=True,
+                        )
+                    ),
+                )
                 records = await SQL.create_todos.fetch(conn, **columns, actor=actor)
         else:
             records = await SQL.create_todos.fetch(self.db, **columns, actor=actor)
@@ -148,13 +177,15 @@ class Store:
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_BATCH:
             raise InvalidInput("n", f"batches hold 0 to {MAX_BATCH} todos")
         records = await SQL.claim_batch.fetch(
-            self.db, queues=queues, owner=_owner(owner), ttl=check_ttl(ttl), n=n)
+            self.db, queues=queues, owner=_owner(owner), ttl=check_ttl(ttl), n=n
+        )
         return [Todo.from_record(r) for r in records]
 
     async def claim(self, todo_id: str, owner: str, ttl: float, *, scope: Scope | None = None) -> Todo:
         """Claim one todo by id (due, and not assigned to someone else)."""
         record = await SQL.claim.fetchrow(
-            self.db, id=check_id(todo_id), owner=_owner(owner), ttl=check_ttl(ttl), scope=_queues(scope))
+            self.db, id=check_id(todo_id), owner=_owner(owner), ttl=check_ttl(ttl), scope=_queues(scope)
+        )
         return await self._one(record, todo_id, "claim", owner, None, scope)
 
     async def heartbeat(
@@ -162,24 +193,39 @@ class Store:
     ) -> Todo:
         """Extend the lease to ttl seconds from now."""
         record = await SQL.heartbeat.fetchrow(
-            self.db, id=check_id(todo_id), owner=_owner(owner), lease=check_lease(lease),
-            ttl=check_ttl(ttl), scope=_queues(scope))
+            self.db,
+            id=check_id(todo_id),
+            owner=_owner(owner),
+            lease=check_lease(lease),
+            ttl=check_ttl(ttl),
+            scope=_queues(scope),
+        )
         return await self._one(record, todo_id, "heartbeat", owner, lease, scope)
 
     async def release(self, todo_id: str, owner: str, lease: int, *, scope: Scope | None = None) -> Todo:
         """Give the todo back to the queue; the attempt stays counted."""
         record = await SQL.release.fetchrow(
-            self.db, id=check_id(todo_id), owner=_owner(owner), lease=check_lease(lease),
-            scope=_queues(scope))
+            self.db, id=check_id(todo_id), owner=_owner(owner), lease=check_lease(lease), scope=_queues(scope)
+        )
         return await self._one(record, todo_id, "release", owner, lease, scope)
 
     async def complete(
-        self, todo_id: str, owner: str, lease: int, result: dict | None = None, *,
+        self,
+        todo_id: str,
+        owner: str,
+        lease: int,
+        result: dict | None = None,
+        *,
         scope: Scope | None = None,
     ) -> Todo:
         record = await SQL.complete.fetchrow(
-            self.db, id=check_id(todo_id), owner=_owner(owner), lease=check_lease(lease),
-            result=_result(result), scope=_queues(scope))
+            self.db,
+            id=check_id(todo_id),
+            owner=_owner(owner),
+            lease=check_lease(lease),
+            result=_result(result),
+            scope=_queues(scope),
+        )
         return await self._one(record, todo_id, "complete", owner, lease, scope)
 
     async def complete_many(
@@ -197,7 +243,8 @@ class Store:
         results = [_result(result) for _, _, result in items]
         async with transaction(self.db) as conn:  # a miss rolls back the others
             records = await SQL.complete_many.fetch(
-                conn, ids=ids, leases=leases, results=results, owner=owner, scope=_queues(scope))
+                conn, ids=ids, leases=leases, results=results, owner=owner, scope=_queues(scope)
+            )
             done = {r["id"] for r in records}
             for todo_id, lease in zip(ids, leases, strict=True):
                 if todo_id not in done:
@@ -206,26 +253,47 @@ class Store:
         return [by_id[todo_id] for todo_id in ids]
 
     async def complete_and_claim_next(
-        self, todo_id: str, owner: str, lease: int, result: dict | None,
-        queues: Sequence[str], ttl: float, *, scope: Scope | None = None,
+        self,
+        todo_id: str,
+        owner: str,
+        lease: int,
+        result: dict | None,
+        queues: Sequence[str],
+        ttl: float,
+        *,
+        scope: Scope | None = None,
     ) -> tuple[Todo, Todo | None]:
         """Complete one todo and claim the next, in one round trip and one commit."""
         queues = _claimable_from(queues, scope)
         records = await SQL.complete_and_claim_next.fetch(
-            self.db, id=check_id(todo_id), owner=_owner(owner), lease=check_lease(lease),
-            result=_result(result), scope=_queues(scope), queues=queues, ttl=check_ttl(ttl))
+            self.db,
+            id=check_id(todo_id),
+            owner=_owner(owner),
+            lease=check_lease(lease),
+            result=_result(result),
+            scope=_queues(scope),
+            queues=queues,
+            ttl=check_ttl(ttl),
+        )
         done = [Todo.from_record(r) for r in records if r["part"] == "completed"]
         if not done:
             raise await self._miss(todo_id, "complete", owner, lease, scope)
         claimed = [Todo.from_record(r) for r in records if r["part"] == "claimed"]
         return done[0], (claimed[0] if claimed else None)
 
-    async def fail(self, todo_id: str, owner: str, lease: int, error: str, *, scope: Scope | None = None) -> Todo:
+    async def fail(
+        self, todo_id: str, owner: str, lease: int, error: str, *, scope: Scope | None = None
+    ) -> Todo:
         """Below max_attempts: pending with a retry time; at the cap: dead-lettered."""
         error = check_text(error, "error", required=True, limit=MAX_ERROR)
         record = await SQL.fail.fetchrow(
-            self.db, id=check_id(todo_id), owner=_owner(owner), lease=check_lease(lease), error=error,
-            scope=_queues(scope))
+            self.db,
+            id=check_id(todo_id),
+            owner=_owner(owner),
+            lease=check_lease(lease),
+            error=error,
+            scope=_queues(scope),
+        )
         return await self._one(record, todo_id, "fail", owner, lease, scope)
 
     # -- the reaper ------------------------------------------------------------------
@@ -252,7 +320,9 @@ class Store:
     async def retry(self, todo_id: str, operator: str, *, one_more: bool = False) -> Todo:
         """Dead-letter back to pending: a fresh budget, or (one_more) one more attempt."""
         try:
-            record = await SQL.retry.fetchrow(self.db, id=check_id(todo_id), actor=operator, one_more=one_more)
+            record = await SQL.retry.fetchrow(
+                self.db, id=check_id(todo_id), actor=operator, one_more=one_more
+            )
         except asyncpg.UniqueViolationError:
             raise await self._key_taken(todo_id) from None
         return await self._one(record, todo_id, "retry", operator, None, None)
@@ -282,8 +352,9 @@ class Store:
             raise await self._miss(todo_id, action, owner, lease, scope)
         return Todo.from_record(record)
 
-    async def _miss(self, todo_id: str, action: str, actor: str, lease: int | None = None,
-                    scope: Scope | None = None) -> Exception:
+    async def _miss(
+        self, todo_id: str, action: str, actor: str, lease: int | None = None, scope: Scope | None = None
+    ) -> Exception:
         """Classify a guarded transition that matched nothing (a todo outside `scope`
         raises OutOfScope right here)."""
         row = await SQL.classify_miss.fetchrow(self.db, id=todo_id)
@@ -301,13 +372,12 @@ class Store:
             facts += f", retrying at {row['next_retry_at'].isoformat()}"
         if assignee:
             facts += f", assigned to {assignee}"
-        if (
-            lease is not None and state == "claimed" and owner == actor
-            and lease != row["lease_token"]
-        ):
+        if lease is not None and state == "claimed" and owner == actor and lease != row["lease_token"]:
             facts += f"; lease {lease} is stale (the current lease is {row['lease_token']})"
         current = {
-            "state": state, "owner": owner, "assignee": assignee,
+            "state": state,
+            "owner": owner,
+            "assignee": assignee,
         }
         return Conflict(f"cannot {action} todo {todo_id}: {facts}", current=current)
 
@@ -321,8 +391,19 @@ class Store:
         )
 
 
-_TODO_COLUMNS = ("ids", "queues", "sources", "kinds", "titles", "payloads", "idempotency_keys",
-                 "assignees", "max_attempts", "event_ids", "dedupe_hits")
+_TODO_COLUMNS = (
+    "ids",
+    "queues",
+    "sources",
+    "kinds",
+    "titles",
+    "payloads",
+    "idempotency_keys",
+    "assignees",
+    "max_attempts",
+    "event_ids",
+    "dedupe_hits",
+)
 _EVENT_COLUMNS = ("ids", "sources", "kinds", "payloads")
 
 

@@ -139,8 +139,14 @@ async def test_claim_batch_plans_without_a_seq_scan_or_a_sort_of_todos(big, mode
 
 @MODES
 async def test_complete_and_claim_next_plans_without_a_seq_scan_or_a_sort_of_todos(big, mode):
-    args = {"id": "'td_c1'", "owner": "'agent-1'", "lease": "1", "result": "NULL",
-            "queues": text_array(QUEUES[:3]), "ttl": "30"}
+    args = {
+        "id": "'td_c1'",
+        "owner": "'agent-1'",
+        "lease": "1",
+        "result": "NULL",
+        "queues": text_array(QUEUES[:3]),
+        "ttl": "30",
+    }
     plan = await explain(big, TRANSITIONS.complete_and_claim_next, args, mode)
     assert offenders(plan) == []
     assert "todos_pkey" in index_scans(plan)
@@ -151,9 +157,13 @@ async def test_complete_and_claim_next_plans_without_a_seq_scan_or_a_sort_of_tod
 @pytest.mark.parametrize("statement", ["claim", "complete", "heartbeat", "release", "fail"])
 async def test_transitions_by_id_plan_on_the_primary_key(big, mode, statement):
     held = {"id": "'td_c1'", "owner": "'agent-1'", "lease": "1"}
-    values = {"claim": {"id": "'td_p1'", "owner": "'agent-1'", "ttl": "30"},
-              "complete": {**held, "result": "NULL"}, "heartbeat": {**held, "ttl": "30"},
-              "release": held, "fail": {**held, "error": "'boom'"}}[statement]
+    values = {
+        "claim": {"id": "'td_p1'", "owner": "'agent-1'", "ttl": "30"},
+        "complete": {**held, "result": "NULL"},
+        "heartbeat": {**held, "ttl": "30"},
+        "release": held,
+        "fail": {**held, "error": "'boom'"},
+    }[statement]
     plan = await explain(big, getattr(TRANSITIONS, statement), values, mode)
     assert offenders(plan) == []
     assert "todos_pkey" in index_scans(plan)
@@ -161,8 +171,12 @@ async def test_transitions_by_id_plan_on_the_primary_key(big, mode, statement):
 
 @MODES
 async def test_complete_many_plans_on_the_primary_key(big, mode):
-    args = {"ids": text_array(["td_c1", "td_c2"]), "leases": "'{1,1}'::bigint[]",
-            "results": "'{NULL,NULL}'::text[]", "owner": "'agent-1'"}
+    args = {
+        "ids": text_array(["td_c1", "td_c2"]),
+        "leases": "'{1,1}'::bigint[]",
+        "results": "'{NULL,NULL}'::text[]",
+        "owner": "'agent-1'",
+    }
     plan = await explain(big, TRANSITIONS.complete_many, args, mode)
     assert offenders(plan) == []
     assert "todos_pkey" in index_scans(plan)
@@ -179,8 +193,11 @@ async def test_reap_plans_without_a_seq_scan_or_a_sort_of_todos(big, mode):
 ORDERED_LISTS = {
     "a queue": {"queue": "'q03'"},
     "claimed in a queue": {"queue": "'q03'", "state": "'claimed'"},
-    "a queue, page 2": {"queue": "'q03'", "before_at": "now() - interval '1000 seconds'",
-                        "before_id": "'td_p1000'"},
+    "a queue, page 2": {
+        "queue": "'q03'",
+        "before_at": "now() - interval '1000 seconds'",
+        "before_id": "'td_p1000'",
+    },
 }
 # Filters served by another index (a partial one, or several queues at once) whose rows
 # are then sorted: no index holds them in (created_at, id) order. Never a Seq Scan.

@@ -36,8 +36,13 @@ def budget(form) -> bool:
 @post("/todos/{todo_id:str}/retry", guards=[operators_only])
 async def retry_todo(request: Request, store: Store, reads: Reads, todo_id: str) -> Template | Redirect:
     todo = await store.retry(todo_id, actor(request), one_more=budget(await request.form()))
-    return await after_action(request, f"{todo.id} retried: pending again", url=f"/todos/{todo_id}",
-                              partial="partials/todo.html", context=lambda: todo_context(reads, todo_id))
+    return await after_action(
+        request,
+        f"{todo.id} retried: pending again",
+        url=f"/todos/{todo_id}",
+        partial="partials/todo.html",
+        context=lambda: todo_context(reads, todo_id),
+    )
 
 
 @post("/todos/{todo_id:str}/release", guards=[operators_only])
@@ -46,10 +51,20 @@ async def release_todo(request: Request, store: Store, reads: Reads, todo_id: st
     todo = await store.force_release(todo_id, actor(request))
     message = f"lease on {todo.id} released: pending again"
     if from_leases:
-        return await after_action(request, message, url="/leases", partial="partials/leases.html",
-                                  context=lambda: leases_context(reads))
-    return await after_action(request, message, url=f"/todos/{todo_id}", partial="partials/todo.html",
-                              context=lambda: todo_context(reads, todo_id))
+        return await after_action(
+            request,
+            message,
+            url="/leases",
+            partial="partials/leases.html",
+            context=lambda: leases_context(reads),
+        )
+    return await after_action(
+        request,
+        message,
+        url=f"/todos/{todo_id}",
+        partial="partials/todo.html",
+        context=lambda: todo_context(reads, todo_id),
+    )
 
 
 @post("/dead/retry", guards=[operators_only])
@@ -66,9 +81,14 @@ async def retry_dead(request: Request, store: Store, reads: Reads) -> Template |
         if not ids:
             raise InvalidInput("ids", "select at least one dead-letter to retry")
     report = await store.retry_many(ids, actor(request), one_more=one_more)
-    return await after_action(request, report.summary(), kind="error" if report.refused else "ok",
-                              url="/dead" + (f"?queue={queue}" if queue else ""),
-                              partial="partials/dead.html", context=lambda: dead_context(reads, queue))
+    return await after_action(
+        request,
+        report.summary(),
+        kind="error" if report.refused else "ok",
+        url="/dead" + (f"?queue={queue}" if queue else ""),
+        partial="partials/dead.html",
+        context=lambda: dead_context(reads, queue),
+    )
 
 
 @post("/create", guards=[operators_only])
@@ -87,9 +107,15 @@ async def create_todo(request: Request, store: Store) -> Template | Redirect:
         errors["max_attempts"] = "must be a whole number from 1 to 100"
         max_attempts = DEFAULT_MAX_ATTEMPTS
     if not errors:
-        item = NewTodo(queue=values["queue"], title=values["title"], kind=values["kind"] or None,
-                       payload=payload, assignee=values["assignee"] or None,
-                       idempotency_key=values["idempotency_key"] or None, max_attempts=max_attempts)
+        item = NewTodo(
+            queue=values["queue"],
+            title=values["title"],
+            kind=values["kind"] or None,
+            payload=payload,
+            assignee=values["assignee"] or None,
+            idempotency_key=values["idempotency_key"] or None,
+            max_attempts=max_attempts,
+        )
         try:
             created = await store.create(item, actor=actor(request))
         except InvalidInput as exc:
@@ -97,9 +123,13 @@ async def create_todo(request: Request, store: Store) -> Template | Redirect:
         else:
             todo = created.todo
             if not created.created:
-                return redirect(request, f"/todos/{todo.id}",
-                                f"A live todo already holds key {todo.idempotency_key!r} in {todo.queue}: "
-                                "this is it (the duplicate was counted, nothing new was created).", "info")
+                return redirect(
+                    request,
+                    f"/todos/{todo.id}",
+                    f"A live todo already holds key {todo.idempotency_key!r} in {todo.queue}: "
+                    "this is it (the duplicate was counted, nothing new was created).",
+                    "info",
+                )
             return redirect(request, f"/queues/{todo.queue}", f"created {todo.id}: {todo.title}")
     return render(request, "create.html", status=422, values=values, errors=errors, flash=None)
 

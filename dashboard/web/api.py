@@ -45,28 +45,38 @@ def agent_actor(agent: Agent) -> str:
     return f"agent:{agent.name}"
 
 
-@post("/todos", status_code=HTTP_201_CREATED, summary="Create a todo",
-      description="201 with the new todo; 200 with the live todo that already holds the "
-                  "idempotency key (the duplicate is counted in its dedupe_hits).",
-      responses={200: ResponseSpec(data_container=CreatedOut, description="The live todo that holds the key"),
-                 **BAD_INPUT})
+@post(
+    "/todos",
+    status_code=HTTP_201_CREATED,
+    summary="Create a todo",
+    description="201 with the new todo; 200 with the live todo that already holds the "
+    "idempotency key (the duplicate is counted in its dedupe_hits).",
+    responses={
+        200: ResponseSpec(data_container=CreatedOut, description="The live todo that holds the key"),
+        **BAD_INPUT,
+    },
+)
 async def create_todo(data: NewTodo, agent: Agent, store: Store) -> Response[CreatedOut]:
     created = await store.create(data, actor=agent_actor(agent), scope=agent.scope)
     return Response(CreatedOut.of(created), status_code=HTTP_201_CREATED if created.created else HTTP_200_OK)
 
 
-@post("/todos/batch", status_code=HTTP_200_OK, summary="Create many todos in one request",
-      responses=BAD_INPUT)
+@post(
+    "/todos/batch", status_code=HTTP_200_OK, summary="Create many todos in one request", responses=BAD_INPUT
+)
 async def create_batch(data: BatchIn, agent: Agent, store: Store) -> BatchOut:
     results = await store.create_many(data.todos, actor=agent_actor(agent), scope=agent.scope)
     return BatchOut(results=[CreatedOut.of(c) for c in results])
 
 
-@post("/claims", status_code=HTTP_200_OK, summary="Claim the next todo from a set of queues",
-      description="With `wait` (seconds, up to 60) the request blocks until work arrives; "
-                  "204 when none came in time.",
-      responses={204: ResponseSpec(data_container=None, description="No todo came within `wait`"),
-                 **BAD_INPUT})
+@post(
+    "/claims",
+    status_code=HTTP_200_OK,
+    summary="Claim the next todo from a set of queues",
+    description="With `wait` (seconds, up to 60) the request blocks until work arrives; "
+    "204 when none came in time.",
+    responses={204: ResponseSpec(data_container=None, description="No todo came within `wait`"), **BAD_INPUT},
+)
 async def claim_next(data: ClaimIn, agent: Agent, store: Store, hub: Hub) -> Response[TodoOut | None]:
     todo = await claim_waiting(store, hub, data.queues, agent.name, data.ttl, data.wait, agent.scope)
     if todo is None:
@@ -74,39 +84,49 @@ async def claim_next(data: ClaimIn, agent: Agent, store: Store, hub: Hub) -> Res
     return Response(TodoOut.of(todo), status_code=HTTP_200_OK)
 
 
-@post("/todos/{todo_id:str}/claim", status_code=HTTP_200_OK, summary="Claim one todo by id",
-      responses=ON_TODO)
+@post(
+    "/todos/{todo_id:str}/claim", status_code=HTTP_200_OK, summary="Claim one todo by id", responses=ON_TODO
+)
 async def claim(todo_id: str, data: ClaimByIdIn, agent: Agent, store: Store) -> TodoOut:
     return TodoOut.of(await store.claim(todo_id, agent.name, data.ttl, scope=agent.scope))
 
 
-@post("/todos/{todo_id:str}/heartbeat", status_code=HTTP_200_OK, summary="Extend the lease",
-      responses=ON_TODO)
+@post(
+    "/todos/{todo_id:str}/heartbeat", status_code=HTTP_200_OK, summary="Extend the lease", responses=ON_TODO
+)
 async def heartbeat(todo_id: str, data: HeartbeatIn, agent: Agent, store: Store) -> TodoOut:
     return TodoOut.of(await store.heartbeat(todo_id, agent.name, data.lease, data.ttl, scope=agent.scope))
 
 
-@post("/todos/{todo_id:str}/release", status_code=HTTP_200_OK, summary="Give the todo back",
-      responses=ON_TODO)
+@post(
+    "/todos/{todo_id:str}/release", status_code=HTTP_200_OK, summary="Give the todo back", responses=ON_TODO
+)
 async def release(todo_id: str, data: ReleaseIn, agent: Agent, store: Store) -> TodoOut:
     return TodoOut.of(await store.release(todo_id, agent.name, data.lease, scope=agent.scope))
 
 
-@post("/todos/{todo_id:str}/complete", status_code=HTTP_200_OK,
-      summary="Complete the todo (and, with `next`, claim the next one in the same commit)",
-      responses=ON_TODO)
+@post(
+    "/todos/{todo_id:str}/complete",
+    status_code=HTTP_200_OK,
+    summary="Complete the todo (and, with `next`, claim the next one in the same commit)",
+    responses=ON_TODO,
+)
 async def complete(todo_id: str, data: CompleteIn, agent: Agent, store: Store) -> CompleteOut:
     if data.next is None:
         done = await store.complete(todo_id, agent.name, data.lease, data.result, scope=agent.scope)
         return CompleteOut(todo=TodoOut.of(done))
     done, nxt = await store.complete_and_claim_next(
-        todo_id, agent.name, data.lease, data.result, data.next.queues, data.next.ttl, scope=agent.scope)
+        todo_id, agent.name, data.lease, data.result, data.next.queues, data.next.ttl, scope=agent.scope
+    )
     return CompleteOut(todo=TodoOut.of(done), next=TodoOut.of(nxt))
 
 
-@post("/todos/{todo_id:str}/fail", status_code=HTTP_200_OK,
-      summary="Fail this attempt: retried later below max_attempts, dead-lettered at the cap",
-      responses=ON_TODO)
+@post(
+    "/todos/{todo_id:str}/fail",
+    status_code=HTTP_200_OK,
+    summary="Fail this attempt: retried later below max_attempts, dead-lettered at the cap",
+    responses=ON_TODO,
+)
 async def fail(todo_id: str, data: FailIn, agent: Agent, store: Store) -> FailOut:
     return FailOut.of(await store.fail(todo_id, agent.name, data.lease, data.error, scope=agent.scope))
 
@@ -119,7 +139,8 @@ async def get_todo(todo_id: str, agent: Agent, reads: Reads) -> TodoDetailOut:
 
 @get("/todos", summary="List todos, newest first (keyset-paginated with `after`)", responses=BAD_INPUT)
 async def list_todos(
-    agent: Agent, reads: Reads,
+    agent: Agent,
+    reads: Reads,
     queue: str | None = None,
     state_filter: Annotated[
         str | None, QueryParameter(name="state", description=f"one of {', '.join(LIST_STATES)}")
@@ -134,14 +155,22 @@ async def list_todos(
     return TodoPage(items=[TodoOut.of(t) for t in result.items], next=result.next_cursor)
 
 
-@get("/channels", summary="Server-Sent Events: a hint whenever work may be claimable",
-     description="Events: `hint` (data: {\"queue\": …}), `resync` (hints may have been lost: "
-                 "try to claim), and keepalive comments every 15 s.",
-     responses=BAD_INPUT)
+@get(
+    "/channels",
+    summary="Server-Sent Events: a hint whenever work may be claimable",
+    description='Events: `hint` (data: {"queue": …}), `resync` (hints may have been lost: '
+    "try to claim), and keepalive comments every 15 s.",
+    responses=BAD_INPUT,
+)
 async def channels(
-    agent: Agent, hub: Hub,
-    queues: Annotated[str | None, Parameter(description="comma-separated queue names (required)",
-                                            examples=[Example(value="emails,reports")])] = None,
+    agent: Agent,
+    hub: Hub,
+    queues: Annotated[
+        str | None,
+        Parameter(
+            description="comma-separated queue names (required)", examples=[Example(value="emails,reports")]
+        ),
+    ] = None,
 ) -> ServerSentEvent:
     names = check_queues([q.strip() for q in (queues or "").split(",") if q.strip()])
     agent.scope.check(names)
@@ -150,8 +179,19 @@ async def channels(
 
 router = Router(
     "/api/v1",
-    route_handlers=[create_todo, create_batch, claim_next, claim, heartbeat, release, complete,
-                    fail, get_todo, list_todos, channels],
+    route_handlers=[
+        create_todo,
+        create_batch,
+        claim_next,
+        claim,
+        heartbeat,
+        release,
+        complete,
+        fail,
+        get_todo,
+        list_todos,
+        channels,
+    ],
     dependencies={"agent": Provide(require_agent)},
     tags=["agents"],
 )

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from importlib.resources import files
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 
 from litestar import Litestar, Request, Router, get
@@ -39,8 +39,10 @@ from dashboard.web.stats_cache import StatsCache
 
 PACKAGE = Path(str(files("dashboard")))  # templates/ and static/ ship inside it (pyproject.toml)
 MAX_BODY = 8 * 1024 * 1024  # a batch of todos; each payload is limited to 256 KiB on its own
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-       "connect-src 'self'; frame-ancestors 'none'; base-uri 'self'; form-action 'self'")
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; frame-ancestors 'none'; base-uri 'self'; form-action 'self'"
+)
 DOCS_PATH = "/api/v1/docs"
 
 
@@ -102,8 +104,9 @@ def create_app(dsn: str, secrets: WebSecrets, *, reaper: bool = True, pool_size:
         hub = Hub(dsn)
         await hub.start()
         reads = Reads(pool)
-        app.state.services = Services(store=Store(pool), reads=reads, accounts=Accounts(pool), hub=hub,
-                                      stats=StatsCache(reads, hub))
+        app.state.services = Services(
+            store=Store(pool), reads=reads, accounts=Accounts(pool), hub=hub, stats=StatsCache(reads, hub)
+        )
         stop = asyncio.Event()
         task = asyncio.create_task(run_reaper(app.state.services.store, stop=stop)) if reaper else None
         try:
@@ -120,26 +123,40 @@ def create_app(dsn: str, secrets: WebSecrets, *, reaper: bool = True, pool_size:
         route_handlers=[
             healthz,
             *login.ROUTES,
-            Router("/", route_handlers=[*pages.ROUTES, *actions.ROUTES, events], before_request=require_login,
-                   include_in_schema=False),
+            Router(
+                "/",
+                route_handlers=[*pages.ROUTES, *actions.ROUTES, events],
+                before_request=require_login,
+                include_in_schema=False,
+            ),
             api.router,
-            create_static_files_router(path="/static", directories=[PACKAGE / "static"],
-                                       include_in_schema=False),
+            create_static_files_router(
+                path="/static", directories=[PACKAGE / "static"], include_in_schema=False
+            ),
         ],
         state=State(),
         dependencies=DEPENDENCIES,
-        template_config=TemplateConfig(directory=PACKAGE / "templates", engine=JinjaTemplateEngine,
-                                       engine_callback=templating.configure),
+        template_config=TemplateConfig(
+            directory=PACKAGE / "templates", engine=JinjaTemplateEngine, engine_callback=templating.configure
+        ),
         plugins=[HTMXPlugin()],
-        csrf_config=CSRFConfig(secret=secrets.csrf, cookie_httponly=True, cookie_samesite="strict",
-                               exclude=["/api/"]),
+        csrf_config=CSRFConfig(
+            secret=secrets.csrf, cookie_httponly=True, cookie_samesite="strict", exclude=["/api/"]
+        ),
         before_send=[security_headers],
         middleware=[
-            CookieBackendConfig(secret=secrets.session, max_age=SESSION_MAX_AGE, httponly=True,
-                                samesite="strict", exclude=["/api/", "/static/"]).middleware,
+            CookieBackendConfig(
+                secret=secrets.session,
+                max_age=SESSION_MAX_AGE,
+                httponly=True,
+                samesite="strict",
+                exclude=["/api/", "/static/"],
+            ).middleware,
         ],
         openapi_config=OpenAPIConfig(
-            title="switchboard agent API", version="1", path=DOCS_PATH,
+            title="switchboard agent API",
+            version="1",
+            path=DOCS_PATH,
             render_plugins=[ScalarRenderPlugin()],
             description="Claim, heartbeat, complete and fail todos. Errors are RFC 9457 problem details.",
         ),

@@ -26,15 +26,32 @@ from dashboard.web.auth import LoginRequired, to_login
 log = logging.getLogger("switchboard.web")
 PROBLEM = "application/problem+json"
 
-_STATUS = [(NotFound, 404), (OutOfScope, 403), (Conflict, 409), (TooLarge, 413), (InvalidInput, 422),
-           # PostgreSQL refused a value (class 22, "data exception"): the caller's input.
-           (asyncpg.DataError, 422), (DatabaseUnavailable, 503), (OSError, 503),
-           (asyncpg.InterfaceError, 503),
-           (RecursionError, 400)]  # JSON nested deeper than the decoder goes
-_TITLES = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found",
-           405: "Method not allowed", 409: "Conflict", 413: "Content too large",
-           422: "Invalid input", 429: "Too many requests", 500: "Internal server error",
-           503: "Service unavailable"}
+_STATUS = [
+    (NotFound, 404),
+    (OutOfScope, 403),
+    (Conflict, 409),
+    (TooLarge, 413),
+    (InvalidInput, 422),
+    # PostgreSQL refused a value (class 22, "data exception"): the caller's input.
+    (asyncpg.DataError, 422),
+    (DatabaseUnavailable, 503),
+    (OSError, 503),
+    (asyncpg.InterfaceError, 503),
+    (RecursionError, 400),
+]  # JSON nested deeper than the decoder goes
+_TITLES = {
+    400: "Bad request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not found",
+    405: "Method not allowed",
+    409: "Conflict",
+    413: "Content too large",
+    422: "Invalid input",
+    429: "Too many requests",
+    500: "Internal server error",
+    503: "Service unavailable",
+}
 
 
 def status_of(exc: Exception) -> int:
@@ -72,9 +89,7 @@ def detail_of(exc: Exception, status: int) -> tuple[str, dict]:
 
 def wants_json(request: Request) -> bool:
     accept = request.headers.get("accept", "")
-    return request.url.path.startswith("/api/") or (
-        "json" in accept and "html" not in accept
-    )
+    return request.url.path.startswith("/api/") or ("json" in accept and "html" not in accept)
 
 
 def handle(request: Request, exc: Exception) -> Response:
@@ -90,16 +105,24 @@ def handle(request: Request, exc: Exception) -> Response:
     if isinstance(exc, NotAuthorizedException) and request.url.path.startswith("/api/"):
         headers["WWW-Authenticate"] = 'Bearer realm="switchboard"'
     if wants_json(request):
-        body = {"type": "about:blank", "title": _TITLES.get(status, "Error"), "status": status,
-                "detail": detail, **extra}
+        body = {
+            "type": "about:blank",
+            "title": _TITLES.get(status, "Error"),
+            "status": status,
+            "detail": detail,
+            **extra,
+        }
         return Response(body, status_code=status, media_type=PROBLEM, headers=headers)
     template = "error.html"
     if request.headers.get("hx-request"):  # show it in the page's message area
         template = "partials/error.html"
         headers.update({"HX-Retarget": "#flash", "HX-Reswap": "innerHTML"})
     return Template(
-        template, context={"status": status, "title": _TITLES.get(status, "Error"), "detail": detail},
-        status_code=status, media_type=MediaType.HTML, headers=headers,
+        template,
+        context={"status": status, "title": _TITLES.get(status, "Error"), "detail": detail},
+        status_code=status,
+        media_type=MediaType.HTML,
+        headers=headers,
     )
 
 

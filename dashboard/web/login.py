@@ -29,8 +29,15 @@ async def login(request: Request, accounts: Accounts) -> Template | Redirect:
     target = safe_target(form.get("next"))
     operator = await accounts.login(name, password)
     if operator is None:
-        return Template("login.html", status_code=401, context={
-            "next": target, "error": "That name and password do not match an operator.", "name": name})
+        return Template(
+            "login.html",
+            status_code=401,
+            context={
+                "next": target,
+                "error": "That name and password do not match an operator.",
+                "name": name,
+            },
+        )
     request.set_session({"operator": operator.name, "login_at": datetime.now(UTC).isoformat()})
     return Redirect(target, status_code=303)
 

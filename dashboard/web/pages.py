@@ -22,6 +22,7 @@ TOTALS = ("ready", "retrying", "claimed", "lapsed", "done_recent", "dead")
 
 # -- context builders -----------------------------------------------------------------
 
+
 async def overview_context(stats: StatsCache) -> dict:
     queues = await stats.get()
     return {"stats": queues, "totals": {k: sum(getattr(s, k) for s in queues) for k in TOTALS}}
@@ -29,11 +30,22 @@ async def overview_context(stats: StatsCache) -> dict:
 
 async def queue_context(request: Request, reads: Reads, queue: str) -> dict:
     q = request.query_params
-    filters = TodoFilter(queue=queue, state=q.get("state") or None, assignee=q.get("assignee") or None,
-                         owner=q.get("owner") or None, kind=q.get("kind") or None, search=q.get("q") or None)
+    filters = TodoFilter(
+        queue=queue,
+        state=q.get("state") or None,
+        assignee=q.get("assignee") or None,
+        owner=q.get("owner") or None,
+        kind=q.get("kind") or None,
+        search=q.get("q") or None,
+    )
     result = await reads.list_todos(filters, limit=PAGE_SIZE, after=q.get("after"))
-    return {"queue": queue, "filters": filters, "page": result, "states": LIST_STATES,
-            "query": {k: v for k, v in q.items() if k != "after" and v}}
+    return {
+        "queue": queue,
+        "filters": filters,
+        "page": result,
+        "states": LIST_STATES,
+        "query": {k: v for k, v in q.items() if k != "after" and v},
+    }
 
 
 async def leases_context(reads: Reads) -> dict:
@@ -58,6 +70,7 @@ async def todo_context(reads: Reads, todo_id: str) -> dict:
 
 
 # -- pages and partials ------------------------------------------------------------------
+
 
 @get("/")
 async def overview(request: Request, stats: StatsCache) -> Template:
@@ -111,8 +124,11 @@ async def todo_partial(request: Request, reads: Reads, todo_id: str) -> Template
 
 @get("/create")
 async def create_page(request: Request) -> Template:
-    values = {"payload": "{}", "max_attempts": str(DEFAULT_MAX_ATTEMPTS),
-              "queue": request.query_params.get("queue", "")}
+    values = {
+        "payload": "{}",
+        "max_attempts": str(DEFAULT_MAX_ATTEMPTS),
+        "queue": request.query_params.get("queue", ""),
+    }
     return page(request, "create.html", values=values, errors={})
 
 
@@ -125,10 +141,28 @@ async def tokens_page(request: Request, accounts: Accounts) -> Template:
 async def patterns_page(request: Request) -> Template:
     """Every UI piece on one page, so styling stays consistent (linked from the README only)."""
     now = datetime.now(UTC)
-    return page(request, "patterns.html", read_at=now, retry_at=now + timedelta(seconds=42),
-                values={"queue": "Bad Queue", "title": ""},
-                errors={"queue": "'Bad Queue' is not a queue name", "title": "is required"})
+    return page(
+        request,
+        "patterns.html",
+        read_at=now,
+        retry_at=now + timedelta(seconds=42),
+        values={"queue": "Bad Queue", "title": ""},
+        errors={"queue": "'Bad Queue' is not a queue name", "title": "is required"},
+    )
 
 
-ROUTES = [overview, overview_partial, queue_page, queue_partial, leases_page, leases_partial,
-          dead_page, dead_partial, todo_page, todo_partial, create_page, tokens_page, patterns_page]
+ROUTES = [
+    overview,
+    overview_partial,
+    queue_page,
+    queue_partial,
+    leases_page,
+    leases_partial,
+    dead_page,
+    dead_partial,
+    todo_page,
+    todo_partial,
+    create_page,
+    tokens_page,
+    patterns_page,
+]

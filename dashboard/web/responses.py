@@ -12,8 +12,9 @@ from litestar.response import Redirect, Template
 
 def render(request: Request, template: str, *, status: int = 200, **context: Any) -> Template:
     """`template` with `operator` (set by the login check on every dashboard route)."""
-    return Template(template, context={"operator": request.scope.get("operator"), **context},
-                    status_code=status)
+    return Template(
+        template, context={"operator": request.scope.get("operator"), **context}, status_code=status
+    )
 
 
 def page(request: Request, template: str, *, status: int = 200, **context: Any) -> Template:
@@ -40,8 +41,13 @@ def redirect(request: Request, url: str, message: str, kind: str = "ok") -> Redi
 
 
 async def after_action(
-    request: Request, message: str, *, url: str, partial: str,
-    context: Callable[[], Awaitable[dict]], kind: str = "ok",
+    request: Request,
+    message: str,
+    *,
+    url: str,
+    partial: str,
+    context: Callable[[], Awaitable[dict]],
+    kind: str = "ok",
 ) -> Template | Redirect:
     """htmx swaps `partial` (its `context()` built afresh) with the outcome as a notice;
     a plain form post is redirected to `url`, which flashes it."""

@@ -27,9 +27,10 @@ def _documented(description: str, **schema: Any) -> msgspec.Meta:
 Lease = Annotated[int, msgspec.Meta(ge=0, le=MAX_LEASE, description="the lease token the claim returned")]
 Ttl = Annotated[float, _documented("lease length in seconds", minimum=TTL_MIN, maximum=TTL_MAX)]
 Wait = Annotated[float, _documented("seconds to wait for work (long-poll)", minimum=0, maximum=MAX_WAIT)]
-QueueNames = Annotated[list[str], _documented(
-    "queue names", min_items=1,
-    items={"type": "string", "pattern": f"^{QUEUE_NAME.pattern}$"})]
+QueueNames = Annotated[
+    list[str],
+    _documented("queue names", min_items=1, items={"type": "string", "pattern": f"^{QUEUE_NAME.pattern}$"}),
+]
 
 
 class Problem(msgspec.Struct):
@@ -53,8 +54,11 @@ BAD_INPUT = {
     413: _problem("The body, a payload or a result is over its size limit"),
     422: _problem("A value out of bounds (ttl, max_attempts, queue name, wait…)"),
 }
-ON_TODO = {**BAD_INPUT, 404: _problem("No todo with that id"),
-           409: _problem("The todo's state, owner or lease does not allow it (says which)")}
+ON_TODO = {
+    **BAD_INPUT,
+    404: _problem("No todo with that id"),
+    409: _problem("The todo's state, owner or lease does not allow it (says which)"),
+}
 
 
 class TodoOut(Todo, kw_only=True):
@@ -135,8 +139,12 @@ class FailOut(msgspec.Struct):
 
     @classmethod
     def of(cls, todo: Todo) -> FailOut:
-        return cls(todo=TodoOut.of(todo), will_retry=todo.state == "pending", retry_at=todo.next_retry_at,
-                   dead_lettered=todo.state == "failed")
+        return cls(
+            todo=TodoOut.of(todo),
+            will_retry=todo.state == "pending",
+            retry_at=todo.next_retry_at,
+            dead_lettered=todo.state == "failed",
+        )
 
 
 class TodoDetailOut(msgspec.Struct):

@@ -21,8 +21,15 @@ async def _run(host: str, port: int, newcomer: bool) -> None:
             await _first_operator(db)
         app = create_app(db.dsn, await load_secrets(db))
         await db.pool.close()  # the app opens its own; the embedded server stays up until close()
-        config = uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=2,
-                                log_level="info", access_log=False, lifespan="on")
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            timeout_graceful_shutdown=2,
+            log_level="info",
+            access_log=False,
+            lifespan="on",
+        )
         server = uvicorn.Server(config)
         shown = "localhost" if host in ("127.0.0.1", "0.0.0.0", "::") else host
         where = "embedded PostgreSQL in " + db.dsn.split("host=")[-1] if db.server else "DATABASE_URL"
