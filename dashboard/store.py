@@ -193,20 +193,13 @@ class Store:
     ) -> Todo:
         """Extend the lease to ttl seconds from now."""
         record = await SQL.heartbeat.fetchrow(
-            self.db,
-            id=check_id(todo_id),
-            owner=_owner(owner),
-            lease=check_lease(lease),
-            ttl=check_ttl(ttl),
-            scope=_queues(scope),
+            self.db, **_held(todo_id, owner, lease, scope), ttl=check_ttl(ttl)
         )
         return await self._one(record, todo_id, "heartbeat", owner, lease, scope)
 
     async def release(self, todo_id: str, owner: str, lease: int, *, scope: Scope | None = None) -> Todo:
         """Give the todo back to the queue; the attempt stays counted."""
-        record = await SQL.release.fetchrow(
-            self.db, id=check_id(todo_id), owner=_owner(owner), lease=check_lease(lease), scope=_queues(scope)
-        )
+        record = await SQL.release.fetchrow(self.db, **_held(todo_id, owner, lease, scope))
         return await self._one(record, todo_id, "release", owner, lease, scope)
 
     async def complete(
@@ -219,12 +212,7 @@ class Store:
         scope: Scope | None = None,
     ) -> Todo:
         record = await SQL.complete.fetchrow(
-            self.db,
-            id=check_id(todo_id),
-            owner=_owner(owner),
-            lease=check_lease(lease),
-            result=_result(result),
-            scope=_queues(scope),
+            self.db, **_held(todo_id, owner, lease, scope), result=_result(result)
         )
         return await self._one(record, todo_id, "complete", owner, lease, scope)
 
@@ -267,11 +255,8 @@ class Store:
         queues = _claimable_from(queues, scope)
         records = await SQL.complete_and_claim_next.fetch(
             self.db,
-            id=check_id(todo_id),
-            owner=_owner(owner),
-            lease=check_lease(lease),
+            **_held(todo_id, owner, lease, scope),
             result=_result(result),
-            scope=_queues(scope),
             queues=queues,
             ttl=check_ttl(ttl),
         )
@@ -286,14 +271,7 @@ class Store:
     ) -> Todo:
         """Below max_attempts: pending with a retry time; at the cap: dead-lettered."""
         error = check_text(error, "error", required=True, limit=MAX_ERROR)
-        record = await SQL.fail.fetchrow(
-            self.db,
-            id=check_id(todo_id),
-            owner=_owner(owner),
-            lease=check_lease(lease),
-            error=error,
-            scope=_queues(scope),
-        )
+        record = await SQL.fail.fetchrow(self.db, **_held(todo_id, owner, lease, scope), error=error)
         return await self._one(record, todo_id, "fail", owner, lease, scope)
 
     # -- the reaper ------------------------------------------------------------------
@@ -405,6 +383,16 @@ _TODO_COLUMNS = (
     "dedupe_hits",
 )
 _EVENT_COLUMNS = ("ids", "sources", "kinds", "payloads")
+
+
+def _held(todo_id: Any, owner: Any, lease: Any, scope: Scope | None) -> dict[str, Any]:
+    """The checked values every statement on a held todo takes (its guard's)."""
+    return {
+        "id": check_id(todo_id),
+        "owner": _owner(owner),
+        "lease": check_lease(lease),
+        "scope": _queues(scope),
+    }
 
 
 def _owner(owner: Any) -> str:
