@@ -105,15 +105,53 @@ def check_url(url: str) -> None:
         raise DatabaseUnavailable(f"DATABASE_URL is malformed: {exc}") from None
 
 
+# Failures that say nothing about the statement and everything about the server: it is
+# starting, stopping or gone (operator intervention: admin/crash shutdown, cannot connect
+# now), the connection broke, or the server is read-only (a standby, a failover).
+_UNREACHABLE = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.OperatorInterventionError,
+    OSError,
+    TimeoutError,
+)
+CONNECTION_ERRORS = (asyncpg.ReadOnlySQLTransactionError, *_UNREACHABLE)
+
+
+def unavailable(exc: BaseException) -> DatabaseUnavailable | None:
+    """The DatabaseUnavailable that `exc` means, if it is a connection-class failure."""
+    if isinstance(exc, asyncpg.ReadOnlySQLTransactionError):
+        return DatabaseUnavailable(
+            "the database is read-only right now (a standby, or a failover in progress); try again shortly",
+            reason="read-only",
+        )
+    if isinstance(exc, _UNREACHABLE):
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return DatabaseUnavailable(
+            f"the database is unreachable right now ({reason}); try again shortly", reason="unreachable"
+        )
+    return None
+
+
+@asynccontextmanager
+async def translated() -> AsyncIterator[None]:
+    """Driver errors of the connection class become DatabaseUnavailable (the one place)."""
+    try:
+        yield
+    except CONNECTION_ERRORS as exc:
+        raise unavailable(exc) from exc
+
+
 @asynccontextmanager
 async def transaction(db: asyncpg.Pool | asyncpg.Connection) -> AsyncIterator[asyncpg.Connection]:
     """A transaction on `db`: a connection taken from the pool for it, or the connection itself."""
-    if isinstance(db, asyncpg.Pool):
-        async with db.acquire() as conn, conn.transaction():
-            yield conn
-    else:
-        async with db.transaction():
-            yield db
+    async with translated():
+        if isinstance(db, asyncpg.Pool):
+            async with db.acquire() as conn, conn.transaction():
+                yield conn
+        else:
+            async with db.transaction():
+                yield db
 
 
 async def init_connection(conn: asyncpg.Connection) -> None:

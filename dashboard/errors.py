@@ -31,7 +31,11 @@ class InvalidInput(SwitchboardError):
 
 
 class DatabaseUnavailable(SwitchboardError):
-    """The database cannot be reached or its URL is malformed."""
+    """The database cannot be reached, is read-only, or its URL is malformed: try again later."""
+
+    def __init__(self, message: str, *, reason: str = "unreachable"):
+        super().__init__(message)
+        self.reason = reason
 
 
 class MigrationError(SwitchboardError):

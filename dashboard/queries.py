@@ -12,6 +12,8 @@ import re
 from importlib.resources import files
 from typing import Any
 
+from dashboard.db import CONNECTION_ERRORS, unavailable
+
 QUERIES_DIR = files("dashboard") / "sql" / "queries"
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 # Literals, quoted names, comments and casts are matched first so that only a bare
@@ -48,16 +50,23 @@ class Statement:
         return [values[p] for p in self.params]
 
     async def fetch(self, db, **values) -> list:
-        return await db.fetch(self.sql, *self.args(values))
+        return await self._run(db.fetch, values)
 
     async def fetchrow(self, db, **values):
-        return await db.fetchrow(self.sql, *self.args(values))
+        return await self._run(db.fetchrow, values)
 
     async def fetchval(self, db, **values):
-        return await db.fetchval(self.sql, *self.args(values))
+        return await self._run(db.fetchval, values)
 
     async def execute(self, db, **values) -> str:
-        return await db.execute(self.sql, *self.args(values))
+        return await self._run(db.execute, values)
+
+    async def _run(self, method, values: dict[str, Any]):
+        """A lost, starting or read-only server becomes DatabaseUnavailable (dashboard/db.py)."""
+        try:
+            return await method(self.sql, *self.args(values))
+        except CONNECTION_ERRORS as exc:
+            raise unavailable(exc) from exc
 
     def __repr__(self) -> str:
         return f"<Statement {self.name}({', '.join(self.params)})>"

@@ -25,6 +25,7 @@ from dashboard.web.auth import LoginRequired, to_login
 
 log = logging.getLogger("switchboard.web")
 PROBLEM = "application/problem+json"
+RETRY_AFTER = 2  # seconds, on a 503 for a database that is away or read-only
 
 _STATUS = [
     (NotFound, 404),
@@ -35,8 +36,6 @@ _STATUS = [
     # PostgreSQL refused a value (class 22, "data exception"): the caller's input.
     (asyncpg.DataError, 422),
     (DatabaseUnavailable, 503),
-    (OSError, 503),
-    (asyncpg.InterfaceError, 503),
     (RecursionError, 400),
 ]  # JSON nested deeper than the decoder goes
 _TITLES = {
@@ -82,8 +81,6 @@ def detail_of(exc: Exception, status: int) -> tuple[str, dict]:
         return "the JSON is nested too deeply", {}
     if isinstance(exc, asyncpg.DataError):
         return f"PostgreSQL cannot take this input: {exc}", {}
-    if isinstance(exc, OSError | asyncpg.InterfaceError):
-        return "the database is unreachable right now; try again shortly", {}
     return str(exc), {}
 
 
@@ -96,12 +93,16 @@ def handle(request: Request, exc: Exception) -> Response:
     if isinstance(exc, LoginRequired) and not wants_json(request):
         return to_login(request)
     status = status_of(exc)
-    if status >= 500:
+    if isinstance(exc, DatabaseUnavailable):
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+    elif status >= 500:
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     detail, extra = detail_of(exc, status)
     headers = {}
     if isinstance(exc, HTTPException) and exc.headers:
         headers.update(exc.headers)
+    if isinstance(exc, DatabaseUnavailable):
+        headers["Retry-After"] = str(RETRY_AFTER)
     if isinstance(exc, NotAuthorizedException) and request.url.path.startswith("/api/"):
         headers["WWW-Authenticate"] = 'Bearer realm="switchboard"'
     if wants_json(request):

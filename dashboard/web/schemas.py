@@ -15,8 +15,7 @@ from litestar.openapi.datastructures import ResponseSpec
 
 from dashboard.models import MAX_LEASE, MAX_WAIT, QUEUE_NAME, TTL_MAX, TTL_MIN, Created, NewTodo, Todo
 from dashboard.reads import Event, HistoryEntry
-
-PROBLEM = "application/problem+json"
+from dashboard.web.errors import PROBLEM
 
 
 def _documented(description: str, **schema: Any) -> msgspec.Meta:
