@@ -20,13 +20,24 @@ from typing import Any
 
 import httpx
 
+from dashboard.backoff import Backoff
+
 log = logging.getLogger("switchboard.worker")
 STDERR_TAIL = 2000
 GRACE = 10.0
 
 
 class ApiError(Exception):
-    """The API refused a request (the problem detail's text)."""
+    """The API refused a request for good (a 4xx): its status and problem detail's text."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def todo_gone(self) -> bool:
+        """404/409 on a todo: it no longer exists or is no longer ours (lease lapsed, fenced)."""
+        return self.status in (404, 409)
 
 
 class CommandWorker:
@@ -50,16 +61,37 @@ class CommandWorker:
         self.stopping = asyncio.Event()
 
     async def call(self, path: str, body: dict) -> dict | None:
-        response = await self.client.post(path, json=body)
-        if response.status_code == 204:
-            return None
-        if response.status_code >= 400:
+        """POST, retrying what is transient (no connection, a timeout, 5xx, 429) with capped,
+        jittered backoff until an answer comes; a 4xx is an ApiError. Retrying an ack is
+        safe: it carries its lease, so a duplicate or a late one is refused, never applied
+        twice. Once stopping, retries end after the grace period."""
+        backoff = Backoff()
+        give_up = None
+        while True:
             try:
-                detail = response.json().get("detail")
-            except ValueError:
-                detail = response.text
-            raise ApiError(f"{response.status_code} on {path}: {detail}")
-        return response.json()
+                response = await self.client.post(path, json=body)
+            except httpx.TransportError as exc:
+                problem = f"{type(exc).__name__} {exc}".strip()
+            else:
+                if response.status_code == 204:
+                    return None
+                if response.status_code < 400:
+                    return response.json()
+                try:
+                    detail = response.json().get("detail")
+                except ValueError:
+                    detail = response.text
+                if response.status_code < 500 and response.status_code != 429:
+                    raise ApiError(response.status_code, f"{response.status_code} on {path}: {detail}")
+                problem = f"{response.status_code} {detail}"
+            loop = asyncio.get_running_loop()
+            if self.stopping.is_set():
+                give_up = give_up or loop.time() + GRACE
+                if loop.time() >= give_up:
+                    raise ApiError(503, f"{path}: gave up while stopping ({problem})")
+            delay = backoff.next()
+            log.warning("%s on %s; retrying in %.1fs", problem, path, delay)
+            await asyncio.sleep(delay)
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -83,7 +115,7 @@ class CommandWorker:
                         break
                     continue
                 await self.process(todo)
-        except (ApiError, httpx.HTTPError) as exc:
+        except ApiError as exc:  # refused for good (a bad token, a queue it does not cover)
             print(f"switchboard worker: {exc}", file=sys.stderr)
             return 1
         finally:
@@ -112,28 +144,42 @@ class CommandWorker:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(proc.pid, signal.SIGKILL)
                     await run
-                    await self.call(f"/todos/{todo_id}/release", {"lease": lease})
-                    log.info("released %s", todo_id)
+                    if await self.ack(todo_id, "release", {"lease": lease}) is not None:
+                        log.info("released %s", todo_id)
                     return
             stdout, stderr = run.result()
         finally:
             beat.cancel()
         if proc.returncode == 0:
-            await self.call(f"/todos/{todo_id}/complete", {"lease": lease, "result": as_result(stdout)})
-            log.info("completed %s", todo_id)
+            if await self.ack(todo_id, "complete", {"lease": lease, "result": as_result(stdout)}) is not None:
+                log.info("completed %s", todo_id)
         else:
             tail = stderr.decode(errors="replace")[-STDERR_TAIL:].strip()
             error = f"exit status {proc.returncode}" + (f": {tail}" if tail else "")
-            answer = await self.call(f"/todos/{todo_id}/fail", {"lease": lease, "error": error})
-            log.info("failed %s (%s)", todo_id, "will retry" if answer["will_retry"] else "dead-lettered")
+            answer = await self.ack(todo_id, "fail", {"lease": lease, "error": error})
+            if answer is not None:
+                outcome = "will retry" if answer["will_retry"] else "dead-lettered"
+                log.info("failed %s (%s): %s", todo_id, outcome, error)
+
+    async def ack(self, todo_id: str, action: str, body: dict) -> dict | None:
+        """complete, fail or release; None (logged) when the todo is gone or no longer ours."""
+        try:
+            return await self.call(f"/todos/{todo_id}/{action}", body)
+        except ApiError as exc:
+            if not exc.todo_gone:
+                raise
+            log.warning("dropping %s, the %s was refused: %s", todo_id, action, exc)
+            return None
 
     async def heartbeat(self, todo_id: str, lease: int) -> None:
+        """Every ttl/3, through outages (call retries); stops once the lease is not ours."""
         while True:
             await asyncio.sleep(self.ttl / 3)
             try:
                 await self.call(f"/todos/{todo_id}/heartbeat", {"lease": lease, "ttl": self.ttl})
-            except (ApiError, httpx.HTTPError) as exc:
-                log.warning("heartbeat failed: %s", exc)
+            except ApiError as exc:
+                log.warning("heartbeat for %s refused, no longer heartbeating it: %s", todo_id, exc)
+                return
 
 
 def as_result(stdout: bytes) -> dict[str, Any]:

@@ -24,11 +24,12 @@ import os
 import signal
 import socket
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from dashboard import db as dbmod
-from dashboard.errors import SwitchboardError
+from dashboard.backoff import Backoff
+from dashboard.errors import Conflict, DatabaseUnavailable, NotFound, SwitchboardError
 from dashboard.models import Todo, check_queues, check_ttl
 from dashboard.notify import Hub, Subscription
 from dashboard.store import Store
@@ -64,6 +65,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self._hints: Subscription | None = None
         self._running: dict[asyncio.Task, Todo] = {}
+        self._backoff = Backoff()  # between failed claims while the database is away
 
     def stop(self) -> None:
         """Stop claiming; running handlers get `grace` seconds before their todos are released."""
@@ -100,9 +102,12 @@ class Worker:
             hints.take()
             try:
                 todos = await store.claim_batch(self.queues, self.owner, self.ttl, free)
-            except (TimeoutError, OSError, SwitchboardError):
-                log.exception("claim failed; retrying after the poll interval")
-                todos = []
+            except DatabaseUnavailable as exc:
+                delay = self._backoff.next()
+                log.warning("claim failed (%s); retrying in %.1fs", exc, delay)
+                await hints.wait(delay)
+                continue
+            self._backoff.reset()
             for todo in todos:
                 task = asyncio.create_task(self._process(store, todo))
                 self._running[task] = todo
@@ -127,12 +132,14 @@ class Worker:
                 await asyncio.shield(store.release(todo.id, self.owner, todo.lease_token))
             raise
         except Exception as exc:
-            text = "".join(traceback.format_exception_only(exc)).strip()
-            await self._settle(store.fail(todo.id, self.owner, todo.lease_token, text[-8000:]))
+            text = "".join(traceback.format_exception_only(exc)).strip()[-8000:]
+            await self._settle(todo, "fail", lambda: store.fail(todo.id, self.owner, todo.lease_token, text))
         else:
             if result is not None and not isinstance(result, dict):
                 result = {"value": result}
-            await self._settle(store.complete(todo.id, self.owner, todo.lease_token, result))
+            await self._settle(
+                todo, "complete", lambda: store.complete(todo.id, self.owner, todo.lease_token, result)
+            )
         finally:
             beat.cancel()
 
@@ -141,17 +148,31 @@ class Worker:
             return await self.handler(todo)
         return await asyncio.to_thread(self.handler, todo)
 
-    async def _settle(self, transition) -> None:
-        try:
-            await transition
-        except SwitchboardError as exc:  # e.g. the lease lapsed and someone else has it
-            log.warning("%s", exc)
+    async def _settle(self, todo: Todo, action: str, transition: Callable[[], Awaitable]) -> None:
+        """Ack, retrying through a database outage with the same lease (fencing makes a
+        repeat harmless); a todo gone or no longer ours (the lease lapsed and it was
+        claimed again) is dropped, logged with the reason."""
+        backoff = Backoff()
+        while True:
+            try:
+                await transition()
+                return
+            except DatabaseUnavailable as exc:
+                delay = backoff.next()
+                log.warning("%s of %s failed (%s); retrying in %.1fs", action, todo.id, exc, delay)
+                await asyncio.sleep(delay)
+            except (Conflict, NotFound) as exc:
+                log.warning("dropping %s, the %s was refused: %s", todo.id, action, exc)
+                return
 
     async def _heartbeat(self, store: Store, todo: Todo) -> None:
+        """Every ttl/3, through outages; stops once the lease is not ours."""
         while True:
             await asyncio.sleep(self.ttl / 3)
             try:
                 await store.heartbeat(todo.id, self.owner, todo.lease_token, self.ttl)
-            except SwitchboardError as exc:
-                log.warning("lost the lease: %s", exc)
+            except DatabaseUnavailable as exc:
+                log.warning("heartbeat of %s failed (%s); trying again in %.0fs", todo.id, exc, self.ttl / 3)
+            except (Conflict, NotFound) as exc:
+                log.warning("lost the lease on %s: %s", todo.id, exc)
                 return
