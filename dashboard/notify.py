@@ -31,6 +31,7 @@ class Subscription:
         self.queues = frozenset(queues) if queues is not None else None
         self.hinted: set[str] = set()
         self.resync = False
+        self.ended = False  # the process is stopping: streams end, waiting claims give up
         self._event = asyncio.Event()
 
     def matches(self, queue: str) -> bool:
@@ -42,6 +43,10 @@ class Subscription:
 
     def _resync(self) -> None:
         self.resync = True
+        self._event.set()
+
+    def _end(self) -> None:
+        self.ended = True
         self._event.set()
 
     def wake(self) -> None:
@@ -79,12 +84,21 @@ class Hub:
         self._subscribers: set[Subscription] = set()
         self._task: asyncio.Task | None = None
         self.connected = asyncio.Event()
+        self._ending = False
 
     def subscribe(self, queues: Iterable[str] | None = None) -> Subscription:
         """Hints for `queues` (all queues when None). Close it (or use `with`) when done."""
         sub = Subscription(self, queues)
+        if self._ending:
+            sub._end()
         self._subscribers.add(sub)
         return sub
+
+    def end_all(self) -> None:
+        """The process is stopping: every subscription, now and later, is ended."""
+        self._ending = True
+        for sub in self._subscribers:
+            sub._end()
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._supervise(), name="switchboard-listener")

@@ -29,12 +29,13 @@ async def hint_stream(
     sub: Subscription, first: ServerSentEventMessage, encode: Encoder, *, min_interval: float = 0.0
 ) -> AsyncIterator[ServerSentEventMessage]:
     """`first`, then `encode(hinted queues, resync)` for each wake-up, a keepalive comment
-    every KEEPALIVE seconds of quiet; a burst within `min_interval` becomes one wake-up."""
+    every KEEPALIVE seconds of quiet; a burst within `min_interval` becomes one wake-up.
+    Ends when the process stops (the hub ends the subscription)."""
     with sub:
         yield first
         loop = asyncio.get_running_loop()
         last = 0.0
-        while True:
+        while not sub.ended:
             if not await sub.wait(KEEPALIVE):
                 yield ServerSentEventMessage(comment="keepalive")
                 continue
@@ -43,6 +44,8 @@ async def hint_stream(
                 await asyncio.sleep(wait)
             hinted, resync = sub.take()
             last = loop.time()
+            if sub.ended:
+                return
             for message in encode(hinted, resync):
                 yield message
 
@@ -88,12 +91,15 @@ def channel_stream(hub: Hub, queues: Sequence[str]) -> AsyncIterator[ServerSentE
 async def claim_waiting(
     store: Store, hub: Hub, queues: Sequence[str], owner: str, ttl: float, wait: float, scope: Scope
 ) -> Todo | None:
-    """Claim now, or wait up to `wait` seconds for a hint (re-checking every few seconds)."""
+    """Claim now, or wait up to `wait` seconds for a hint (re-checking every few seconds).
+    A process that is stopping claims nothing more: the wait ends with None (204)."""
     wait = check_wait(wait)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     with hub.subscribe(queues) as sub:  # subscribed before the first try: no lost wake-up
         while True:
+            if sub.ended:
+                return None
             todo = await store.claim_next(queues, owner, ttl, scope=scope)
             remaining = deadline - loop.time()
             if todo is not None or remaining <= 0:
