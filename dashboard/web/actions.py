@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 
 from litestar import Request, post
+from litestar.di import NamedDependency
+from litestar.params import FromPath
 from litestar.response import Redirect, Template
 
 from dashboard.accounts import Accounts
@@ -34,7 +36,9 @@ def budget(form) -> bool:
 
 
 @post("/todos/{todo_id:str}/retry", guards=[operators_only])
-async def retry_todo(request: Request, store: Store, reads: Reads, todo_id: str) -> Template | Redirect:
+async def retry_todo(
+    request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads], todo_id: FromPath[str]
+) -> Template | Redirect:
     todo = await store.retry(todo_id, actor(request), one_more=budget(await request.form()))
     return await after_action(
         request,
@@ -46,7 +50,9 @@ async def retry_todo(request: Request, store: Store, reads: Reads, todo_id: str)
 
 
 @post("/todos/{todo_id:str}/release", guards=[operators_only])
-async def release_todo(request: Request, store: Store, reads: Reads, todo_id: str) -> Template | Redirect:
+async def release_todo(
+    request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads], todo_id: FromPath[str]
+) -> Template | Redirect:
     from_leases = (await request.form()).get("back") == "leases"
     todo = await store.force_release(todo_id, actor(request))
     message = f"lease on {todo.id} released: pending again"
@@ -68,7 +74,9 @@ async def release_todo(request: Request, store: Store, reads: Reads, todo_id: st
 
 
 @post("/dead/retry", guards=[operators_only])
-async def retry_dead(request: Request, store: Store, reads: Reads) -> Template | Redirect:
+async def retry_dead(
+    request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads]
+) -> Template | Redirect:
     form = await request.form()
     one_more = budget(form)
     queue = form.get("queue") or None
@@ -92,7 +100,7 @@ async def retry_dead(request: Request, store: Store, reads: Reads) -> Template |
 
 
 @post("/create", guards=[operators_only])
-async def create_todo(request: Request, store: Store) -> Template | Redirect:
+async def create_todo(request: Request, store: NamedDependency[Store]) -> Template | Redirect:
     form = await request.form()
     values = {f: form.get(f, "").strip() if f != "payload" else form.get(f, "") for f in CREATE_FIELDS}
     errors: dict[str, str] = {}
@@ -135,7 +143,7 @@ async def create_todo(request: Request, store: Store) -> Template | Redirect:
 
 
 @post("/tokens", guards=[operators_only])
-async def add_token(request: Request, accounts: Accounts) -> Template:
+async def add_token(request: Request, accounts: NamedDependency[Accounts]) -> Template:
     form = await request.form()
     queues = [q.strip() for q in form.get("queues", "").split(",") if q.strip()]
     error, secret = None, None
@@ -147,7 +155,9 @@ async def add_token(request: Request, accounts: Accounts) -> Template:
 
 
 @post("/tokens/{token_id:str}/revoke", guards=[operators_only])
-async def revoke_token(request: Request, accounts: Accounts, token_id: str) -> Redirect:
+async def revoke_token(
+    request: Request, accounts: NamedDependency[Accounts], token_id: FromPath[str]
+) -> Redirect:
     await accounts.revoke_token(token_id, actor=actor(request))
     return redirect(request, "/tokens", f"token {token_id} revoked")
 

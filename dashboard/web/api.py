@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Annotated
 
 from litestar import Response, Router, get, post
-from litestar.di import Provide
+from litestar.di import NamedDependency, Provide
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Example
-from litestar.params import Parameter, QueryParameter
+from litestar.params import FromPath, FromQuery, JSONBody, Parameter, QueryParameter
 from litestar.response import ServerSentEvent
 from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED, HTTP_204_NO_CONTENT
 
@@ -56,7 +56,9 @@ def agent_actor(agent: Agent) -> str:
         **BAD_INPUT,
     },
 )
-async def create_todo(data: NewTodo, agent: Agent, store: Store) -> Response[CreatedOut]:
+async def create_todo(
+    data: JSONBody[NewTodo], agent: NamedDependency[Agent], store: NamedDependency[Store]
+) -> Response[CreatedOut]:
     created = await store.create(data, actor=agent_actor(agent), scope=agent.scope)
     return Response(CreatedOut.of(created), status_code=HTTP_201_CREATED if created.created else HTTP_200_OK)
 
@@ -64,7 +66,9 @@ async def create_todo(data: NewTodo, agent: Agent, store: Store) -> Response[Cre
 @post(
     "/todos/batch", status_code=HTTP_200_OK, summary="Create many todos in one request", responses=BAD_INPUT
 )
-async def create_batch(data: BatchIn, agent: Agent, store: Store) -> BatchOut:
+async def create_batch(
+    data: JSONBody[BatchIn], agent: NamedDependency[Agent], store: NamedDependency[Store]
+) -> BatchOut:
     results = await store.create_many(data.todos, actor=agent_actor(agent), scope=agent.scope)
     return BatchOut(results=[CreatedOut.of(c) for c in results])
 
@@ -77,7 +81,12 @@ async def create_batch(data: BatchIn, agent: Agent, store: Store) -> BatchOut:
     "204 when none came in time.",
     responses={204: ResponseSpec(data_container=None, description="No todo came within `wait`"), **BAD_INPUT},
 )
-async def claim_next(data: ClaimIn, agent: Agent, store: Store, hub: Hub) -> Response[TodoOut | None]:
+async def claim_next(
+    data: JSONBody[ClaimIn],
+    agent: NamedDependency[Agent],
+    store: NamedDependency[Store],
+    hub: NamedDependency[Hub],
+) -> Response[TodoOut | None]:
     todo = await claim_waiting(store, hub, data.queues, agent.name, data.ttl, data.wait, agent.scope)
     if todo is None:
         return Response(None, status_code=HTTP_204_NO_CONTENT)
@@ -87,21 +96,36 @@ async def claim_next(data: ClaimIn, agent: Agent, store: Store, hub: Hub) -> Res
 @post(
     "/todos/{todo_id:str}/claim", status_code=HTTP_200_OK, summary="Claim one todo by id", responses=ON_TODO
 )
-async def claim(todo_id: str, data: ClaimByIdIn, agent: Agent, store: Store) -> TodoOut:
+async def claim(
+    todo_id: FromPath[str],
+    data: JSONBody[ClaimByIdIn],
+    agent: NamedDependency[Agent],
+    store: NamedDependency[Store],
+) -> TodoOut:
     return TodoOut.of(await store.claim(todo_id, agent.name, data.ttl, scope=agent.scope))
 
 
 @post(
     "/todos/{todo_id:str}/heartbeat", status_code=HTTP_200_OK, summary="Extend the lease", responses=ON_TODO
 )
-async def heartbeat(todo_id: str, data: HeartbeatIn, agent: Agent, store: Store) -> TodoOut:
+async def heartbeat(
+    todo_id: FromPath[str],
+    data: JSONBody[HeartbeatIn],
+    agent: NamedDependency[Agent],
+    store: NamedDependency[Store],
+) -> TodoOut:
     return TodoOut.of(await store.heartbeat(todo_id, agent.name, data.lease, data.ttl, scope=agent.scope))
 
 
 @post(
     "/todos/{todo_id:str}/release", status_code=HTTP_200_OK, summary="Give the todo back", responses=ON_TODO
 )
-async def release(todo_id: str, data: ReleaseIn, agent: Agent, store: Store) -> TodoOut:
+async def release(
+    todo_id: FromPath[str],
+    data: JSONBody[ReleaseIn],
+    agent: NamedDependency[Agent],
+    store: NamedDependency[Store],
+) -> TodoOut:
     return TodoOut.of(await store.release(todo_id, agent.name, data.lease, scope=agent.scope))
 
 
@@ -111,7 +135,12 @@ async def release(todo_id: str, data: ReleaseIn, agent: Agent, store: Store) -> 
     summary="Complete the todo (and, with `next`, claim the next one in the same commit)",
     responses=ON_TODO,
 )
-async def complete(todo_id: str, data: CompleteIn, agent: Agent, store: Store) -> CompleteOut:
+async def complete(
+    todo_id: FromPath[str],
+    data: JSONBody[CompleteIn],
+    agent: NamedDependency[Agent],
+    store: NamedDependency[Store],
+) -> CompleteOut:
     if data.next is None:
         done = await store.complete(todo_id, agent.name, data.lease, data.result, scope=agent.scope)
         return CompleteOut(todo=TodoOut.of(done))
@@ -127,21 +156,28 @@ async def complete(todo_id: str, data: CompleteIn, agent: Agent, store: Store) -
     summary="Fail this attempt: retried later below max_attempts, dead-lettered at the cap",
     responses=ON_TODO,
 )
-async def fail(todo_id: str, data: FailIn, agent: Agent, store: Store) -> FailOut:
+async def fail(
+    todo_id: FromPath[str],
+    data: JSONBody[FailIn],
+    agent: NamedDependency[Agent],
+    store: NamedDependency[Store],
+) -> FailOut:
     return FailOut.of(await store.fail(todo_id, agent.name, data.lease, data.error, scope=agent.scope))
 
 
 @get("/todos/{todo_id:str}", summary="One todo with its history", responses=ON_TODO)
-async def get_todo(todo_id: str, agent: Agent, reads: Reads) -> TodoDetailOut:
+async def get_todo(
+    todo_id: FromPath[str], agent: NamedDependency[Agent], reads: NamedDependency[Reads]
+) -> TodoDetailOut:
     detail = await reads.todo_detail(todo_id, scope=agent.scope)
     return TodoDetailOut(todo=TodoOut.of(detail.todo), history=detail.history, event=detail.event)
 
 
 @get("/todos", summary="List todos, newest first (keyset-paginated with `after`)", responses=BAD_INPUT)
 async def list_todos(
-    agent: Agent,
-    reads: Reads,
-    queue: str | None = None,
+    agent: NamedDependency[Agent],
+    reads: NamedDependency[Reads],
+    queue: FromQuery[str | None] = None,
     state_filter: Annotated[
         str | None, QueryParameter(name="state", description=f"one of {', '.join(LIST_STATES)}")
     ] = None,
@@ -163,8 +199,8 @@ async def list_todos(
     responses=BAD_INPUT,
 )
 async def channels(
-    agent: Agent,
-    hub: Hub,
+    agent: NamedDependency[Agent],
+    hub: NamedDependency[Hub],
     queues: Annotated[
         str | None,
         Parameter(

@@ -13,7 +13,7 @@ from pathlib import Path
 from litestar import Litestar, Request, Router, get
 from litestar.config.csrf import CSRFConfig
 from litestar.datastructures import MutableScopeHeaders, State
-from litestar.di import Provide
+from litestar.di import NamedDependency, Provide
 from litestar.middleware.session.client_side import CookieBackendConfig
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import ScalarRenderPlugin
@@ -81,7 +81,7 @@ async def healthz() -> dict:
 
 
 @get("/events")
-async def events(request: Request, hub: Hub) -> ServerSentEvent:
+async def events(request: Request, hub: NamedDependency[Hub]) -> ServerSentEvent:
     """Hints for open pages (dashboard/web/live.py)."""
     return ServerSentEvent(page_stream(hub, request.app.template_engine))
 

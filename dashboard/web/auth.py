@@ -15,7 +15,7 @@ from litestar.exceptions import NotAuthorizedException, PermissionDeniedExceptio
 from litestar.handlers import BaseRouteHandler
 from litestar.response import Redirect, Template
 
-from dashboard.accounts import Accounts, Agent, Operator
+from dashboard.accounts import Agent, Operator
 from dashboard.web.services import services
 
 SESSION_MAX_AGE = 8 * 3600
@@ -72,13 +72,15 @@ async def operators_only(connection: ASGIConnection, _: BaseRouteHandler) -> Non
         raise PermissionDeniedException("viewers can look but not change anything")
 
 
-async def require_agent(request: Request, accounts: Accounts) -> Agent:
-    """The agent whose bearer token came with the request (a dependency of API routes)."""
+async def require_agent(request: Request) -> Agent:
+    """The agent whose bearer token came with the request (a dependency of API routes; it
+    reaches Accounts itself, as guards do, rather than through one more dependency level
+    on every API request)."""
     header = request.headers.get("authorization", "")
     scheme, _, secret = header.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         raise NotAuthorizedException("send Authorization: Bearer <token>")
-    agent = await accounts.agent_for(secret.strip())
+    agent = await services(request).accounts.agent_for(secret.strip())
     if agent is None:
         raise NotAuthorizedException("the token is unknown or revoked")
     return agent

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from litestar import Request, get, post
+from litestar.di import NamedDependency
 from litestar.response import Redirect, Template
 
 from dashboard.accounts import Accounts
@@ -23,7 +24,7 @@ async def login_page(request: Request) -> Template:
 
 
 @post("/login", include_in_schema=False)
-async def login(request: Request, accounts: Accounts) -> Template | Redirect:
+async def login(request: Request, accounts: NamedDependency[Accounts]) -> Template | Redirect:
     form = await request.form()
     name, password = form.get("name", ""), form.get("password", "")
     target = safe_target(form.get("next"))

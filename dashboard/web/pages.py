@@ -7,6 +7,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from litestar import Request, get
+from litestar.di import NamedDependency
+from litestar.params import FromPath
 from litestar.response import Template
 
 from dashboard.accounts import Accounts
@@ -73,52 +75,52 @@ async def todo_context(reads: Reads, todo_id: str) -> dict:
 
 
 @get("/")
-async def overview(request: Request, stats: StatsCache) -> Template:
+async def overview(request: Request, stats: NamedDependency[StatsCache]) -> Template:
     return page(request, "overview.html", **await overview_context(stats))
 
 
 @get("/partials/overview")
-async def overview_partial(request: Request, stats: StatsCache) -> Template:
+async def overview_partial(request: Request, stats: NamedDependency[StatsCache]) -> Template:
     return render(request, "partials/overview.html", **await overview_context(stats))
 
 
 @get("/queues/{queue:str}")
-async def queue_page(request: Request, reads: Reads, queue: str) -> Template:
+async def queue_page(request: Request, reads: NamedDependency[Reads], queue: FromPath[str]) -> Template:
     return page(request, "queue.html", **await queue_context(request, reads, queue))
 
 
 @get("/partials/queues/{queue:str}")
-async def queue_partial(request: Request, reads: Reads, queue: str) -> Template:
+async def queue_partial(request: Request, reads: NamedDependency[Reads], queue: FromPath[str]) -> Template:
     return render(request, "partials/todos.html", **await queue_context(request, reads, queue))
 
 
 @get("/leases")
-async def leases_page(request: Request, reads: Reads) -> Template:
+async def leases_page(request: Request, reads: NamedDependency[Reads]) -> Template:
     return page(request, "leases.html", **await leases_context(reads))
 
 
 @get("/partials/leases")
-async def leases_partial(request: Request, reads: Reads) -> Template:
+async def leases_partial(request: Request, reads: NamedDependency[Reads]) -> Template:
     return render(request, "partials/leases.html", **await leases_context(reads))
 
 
 @get("/dead")
-async def dead_page(request: Request, reads: Reads) -> Template:
+async def dead_page(request: Request, reads: NamedDependency[Reads]) -> Template:
     return page(request, "dead.html", **await dead_context(reads, *dead_filter(request)))
 
 
 @get("/partials/dead")
-async def dead_partial(request: Request, reads: Reads) -> Template:
+async def dead_partial(request: Request, reads: NamedDependency[Reads]) -> Template:
     return render(request, "partials/dead.html", **await dead_context(reads, *dead_filter(request)))
 
 
 @get("/todos/{todo_id:str}")
-async def todo_page(request: Request, reads: Reads, todo_id: str) -> Template:
+async def todo_page(request: Request, reads: NamedDependency[Reads], todo_id: FromPath[str]) -> Template:
     return page(request, "todo.html", **await todo_context(reads, todo_id))
 
 
 @get("/partials/todos/{todo_id:str}")
-async def todo_partial(request: Request, reads: Reads, todo_id: str) -> Template:
+async def todo_partial(request: Request, reads: NamedDependency[Reads], todo_id: FromPath[str]) -> Template:
     return render(request, "partials/todo.html", **await todo_context(reads, todo_id))
 
 
@@ -133,7 +135,7 @@ async def create_page(request: Request) -> Template:
 
 
 @get("/tokens")
-async def tokens_page(request: Request, accounts: Accounts) -> Template:
+async def tokens_page(request: Request, accounts: NamedDependency[Accounts]) -> Template:
     return page(request, "tokens.html", tokens=await accounts.list_tokens(), new_secret=None)
 
 
