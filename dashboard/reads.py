@@ -233,6 +233,11 @@ class Reads:
             event = Event(**dict(event_row)) if event_row else None
         return TodoDetail(todo, history, event, row["read_at"])
 
+    async def readiness(self) -> tuple[int | None, bool]:
+        """(the newest migration applied, whether the server is read-only)."""
+        row = await SQL.readiness.fetchrow(self.db)
+        return row["migrated_to"], row["read_only"]
+
     # -- internals -------------------------------------------------------------------
 
     async def _custom_plan(self, statement, **values) -> list:

@@ -42,6 +42,11 @@ async def test_a_read_only_database_answers_503_with_retry_after_and_recovers_wi
 ):
     bot = await agent_token(pool, queues=("work",))
     csrf = await login(client, pool)
+    ready = await until(lambda: client.get("/readyz"), lambda r: r.status_code == 200)
+    assert ready.json() == {
+        "ready": True,
+        "checks": {"listening": True, "database": True, "migrations": True, "writable": True},
+    }
     body = {"queue": "work", "title": "during the failover"}
     await set_read_only(conn, app, True)
 
@@ -61,9 +66,12 @@ async def test_a_read_only_database_answers_503_with_retry_after_and_recovers_wi
     assert banner.status_code == 503 and banner.headers["hx-retarget"] == "#flash"
     assert "read-only" in banner.text and "<html" not in banner.text
     assert await conn.fetchval("SELECT count(*) FROM todos") == 0  # nothing changed
+    not_ready = await until(lambda: client.get("/readyz"), lambda r: r.status_code == 503)
+    assert not_ready.json()["checks"]["writable"] is False and not_ready.headers["retry-after"] == "2"
 
     await set_read_only(conn, app, False)
     created = await until(
         lambda: client.post(f"{API}/todos", headers=bot, json=body), lambda r: r.status_code == 201
     )
     assert await conn.fetchval("SELECT count(*) FROM todos") == 1
+    assert (await until(lambda: client.get("/readyz"), lambda r: r.status_code == 200)).json()["ready"]

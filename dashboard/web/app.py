@@ -30,7 +30,7 @@ from dashboard.notify import Hub
 from dashboard.reads import Reads
 from dashboard.reaper import run_reaper
 from dashboard.store import Store
-from dashboard.web import actions, api, login, pages, templating
+from dashboard.web import actions, api, health, login, pages, templating
 from dashboard.web.auth import SESSION_MAX_AGE, require_login
 from dashboard.web.errors import EXCEPTION_HANDLERS
 from dashboard.web.live import page_stream
@@ -74,12 +74,6 @@ async def security_headers(message: Message, scope: Scope) -> None:
         headers["X-Frame-Options"] = "DENY"
 
 
-@get("/healthz", exclude_from_csrf=True, include_in_schema=False, skip_session=True)
-async def healthz() -> dict:
-    """A trivial route: liveness, and the baseline of bench/dashboard_pages.py."""
-    return {"ok": True}
-
-
 @get("/events")
 async def events(request: Request, hub: NamedDependency[Hub]) -> ServerSentEvent:
     """Hints for open pages (dashboard/web/live.py)."""
@@ -121,7 +115,7 @@ def create_app(dsn: str, secrets: WebSecrets, *, reaper: bool = True, pool_size:
 
     return Litestar(
         route_handlers=[
-            healthz,
+            *health.ROUTES,
             *login.ROUTES,
             Router(
                 "/",

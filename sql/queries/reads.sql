@@ -110,3 +110,8 @@ LIMIT :limit;
 -- name: plan_for_values
 -- In a transaction, before a list statement: plan it for this call's values.
 SET LOCAL plan_cache_mode = force_custom_plan;
+
+-- name: readiness
+-- For /readyz: the newest migration applied, and whether this server refuses writes.
+SELECT (SELECT max(version) FROM schema_migrations) AS migrated_to,
+       current_setting('transaction_read_only') = 'on' AS read_only;

@@ -1,0 +1,41 @@
+"""Probes for process managers and load balancers: /healthz (the process answers) and
+/readyz (it can do its work: the database answers and takes writes, the migrations this
+code needs are applied, and the LISTEN connection for hints is up)."""
+
+from __future__ import annotations
+
+from litestar import Response, get
+from litestar.di import NamedDependency
+
+from dashboard.errors import DatabaseUnavailable
+from dashboard.migrate import load_migrations
+from dashboard.notify import Hub
+from dashboard.reads import Reads
+from dashboard.web.errors import RETRY_AFTER
+
+NEEDED_MIGRATION = max(m.version for m in load_migrations())
+PROBE = {"exclude_from_csrf": True, "include_in_schema": False, "skip_session": True}
+
+
+@get("/healthz", **PROBE)
+async def healthz() -> dict:
+    """Liveness (no database): the process answers. Also bench/dashboard_pages.py's baseline."""
+    return {"ok": True}
+
+
+@get("/readyz", **PROBE)
+async def readyz(reads: NamedDependency[Reads], hub: NamedDependency[Hub]) -> Response[dict]:
+    """200 with every check true, or 503 (with Retry-After) naming the ones that fail."""
+    checks: dict[str, bool | str] = {"listening": hub.connected.is_set()}
+    try:
+        migrated_to, read_only = await reads.readiness()
+    except DatabaseUnavailable as exc:
+        checks.update(database=str(exc), migrations=False, writable=False)
+    else:
+        checks.update(database=True, migrations=migrated_to == NEEDED_MIGRATION, writable=not read_only)
+    ready = all(value is True for value in checks.values())
+    headers = {} if ready else {"Retry-After": str(RETRY_AFTER)}
+    return Response({"ready": ready, "checks": checks}, status_code=200 if ready else 503, headers=headers)
+
+
+ROUTES = [healthz, readyz]
