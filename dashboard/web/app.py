@@ -31,6 +31,7 @@ from dashboard.reads import Reads
 from dashboard.reaper import run_reaper
 from dashboard.store import Store
 from dashboard.web import actions, api, health, login, pages, templating
+from dashboard.web.access_log import access_log
 from dashboard.web.auth import SESSION_MAX_AGE, require_login
 from dashboard.web.errors import EXCEPTION_HANDLERS
 from dashboard.web.live import page_stream
@@ -139,6 +140,7 @@ def create_app(dsn: str, secrets: WebSecrets, *, reaper: bool = True, pool_size:
         ),
         before_send=[security_headers],
         middleware=[
+            access_log,
             CookieBackendConfig(
                 secret=secrets.session,
                 max_age=SESSION_MAX_AGE,

@@ -1,0 +1,52 @@
+"""One line per request on the `switchboard.access` logger: method, route template (so
+`/api/v1/todos/{todo_id:str}/complete`, not every todo's id), status and duration.
+SWITCHBOARD_LOG_FORMAT=json writes each as a JSON object instead, for log shippers."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger("switchboard.access")
+
+
+def access_log(app: ASGIApp) -> ASGIApp:
+    as_json = os.environ.get("SWITCHBOARD_LOG_FORMAT", "text").lower() == "json"
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500  # what the client sees if the app fails before it answers
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await app(scope, receive, sending)
+        finally:
+            ms = (time.perf_counter() - started) * 1000
+            route = scope.get("path_template") or "(no route)"
+            if as_json:
+                log.info(
+                    json.dumps(
+                        {
+                            "method": scope["method"],
+                            "route": route,
+                            "status": status,
+                            "duration_ms": round(ms, 2),
+                        }
+                    )
+                )
+            else:
+                log.info("%s %s %d %.1fms", scope["method"], route, status, ms)
+
+    return middleware
