@@ -8,6 +8,7 @@ The module's tests share one database, emptied before each test (fresh_module_db
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 from dashboard import db as dbmod
@@ -150,3 +151,18 @@ async def test_prune_deletes_only_finished_todos_older_than_the_age(module_store
     assert left == {young_done.id, old_pending.id, old_claimed.id}
     assert await history(module_pool, old_done.id) == []
     assert await module_store.prune(86400) == 0
+
+
+async def test_a_reaper_pass_that_moves_nothing_logs_nothing_and_one_that_does_says_so(
+    module_store, module_pool, caplog
+):
+    from dashboard.reaper import reap_once
+
+    with caplog.at_level(logging.INFO, logger="switchboard.reaper"):
+        assert await reap_once(module_store) == (0, 0)
+        assert [r for r in caplog.records if r.name == "switchboard.reaper"] == []
+        held = await claimed(module_store)
+        await expire_lease(module_pool, held.id)
+        assert await reap_once(module_store) == (1, 0)
+    said = [r.getMessage() for r in caplog.records if r.name == "switchboard.reaper"]
+    assert said == ["reaped 1 lapsed leases, promoted 0 due retries"]
