@@ -12,6 +12,7 @@ import logging
 from datetime import timedelta
 
 from dashboard import db as dbmod
+from dashboard.reaper import reap_once
 from dashboard.store import Store
 from tests.conftest import ONE_DATABASE_PER_MODULE
 from tests.factories import (
@@ -156,8 +157,6 @@ async def test_prune_deletes_only_finished_todos_older_than_the_age(module_store
 async def test_a_reaper_pass_that_moves_nothing_logs_nothing_and_one_that_does_says_so(
     module_store, module_pool, caplog
 ):
-    from dashboard.reaper import reap_once
-
     with caplog.at_level(logging.INFO, logger="switchboard.reaper"):
         assert await reap_once(module_store) == (0, 0)
         assert [r for r in caplog.records if r.name == "switchboard.reaper"] == []
