@@ -118,19 +118,21 @@ _UNREACHABLE = (
 CONNECTION_ERRORS = (asyncpg.ReadOnlySQLTransactionError, *_UNREACHABLE)
 
 
-def unavailable(exc: BaseException) -> DatabaseUnavailable | None:
-    """The DatabaseUnavailable that `exc` means, if it is a connection-class failure."""
+def unavailable(exc: BaseException) -> DatabaseUnavailable:
+    """The DatabaseUnavailable that a connection-class failure (CONNECTION_ERRORS) means."""
     if isinstance(exc, asyncpg.ReadOnlySQLTransactionError):
         return DatabaseUnavailable(
-            "the database is read-only right now (a standby, or a failover in progress); try again shortly",
-            reason="read-only",
+            "the database is read-only right now (a standby, or a failover in progress); try again shortly"
         )
-    if isinstance(exc, _UNREACHABLE):
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return DatabaseUnavailable(
-            f"the database is unreachable right now ({reason}); try again shortly", reason="unreachable"
-        )
-    return None
+    return DatabaseUnavailable(
+        f"the database is unreachable right now ({first_line(exc)}); try again shortly"
+    )
+
+
+def first_line(exc: BaseException) -> str:
+    """What went wrong, in one line: the error's first line, or its class when it has no text."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 @asynccontextmanager
@@ -206,8 +208,7 @@ async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 10) -> asy
 
 def describe_failure(dsn: str, exc: Exception) -> str:
     where = _redacted(dsn)
-    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return f"cannot connect to PostgreSQL at {where}: {reason}"
+    return f"cannot connect to PostgreSQL at {where}: {first_line(exc)}"
 
 
 def _redacted(dsn: str) -> str:

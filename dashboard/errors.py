@@ -33,10 +33,6 @@ class InvalidInput(SwitchboardError):
 class DatabaseUnavailable(SwitchboardError):
     """The database cannot be reached, is read-only, or its URL is malformed: try again later."""
 
-    def __init__(self, message: str, *, reason: str = "unreachable"):
-        super().__init__(message)
-        self.reason = reason
-
 
 class MigrationError(SwitchboardError):
     """A migration file disagrees with what the database recorded."""

@@ -22,6 +22,8 @@ KEEPALIVE = 15.0
 PAGE_HINT_INTERVAL = 0.5  # a page gets at most two refresh hints a second
 POLL_FALLBACK = 5.0  # a waiting claim re-checks this often even when no hint arrives
 
+RESYNC = ServerSentEventMessage(event="resync", data="{}")
+CONNECTED = ServerSentEventMessage(comment="connected")
 Encoder = Callable[[set[str], bool], Iterable[ServerSentEventMessage]]
 
 
@@ -74,10 +76,6 @@ def channel_encoder(hinted: set[str], resync: bool) -> Iterable[ServerSentEventM
         yield RESYNC
     for queue in sorted(hinted):
         yield ServerSentEventMessage(event="hint", data=msgspec.json.encode({"queue": queue}))
-
-
-RESYNC = ServerSentEventMessage(event="resync", data="{}")
-CONNECTED = ServerSentEventMessage(comment="connected")
 
 
 def page_stream(hub: Hub, templates: TemplateEngineProtocol) -> AsyncIterator[ServerSentEventMessage]:
