@@ -108,9 +108,13 @@ def check_url(url: str) -> None:
 # Failures that say nothing about the statement and everything about the server: it is
 # starting, stopping or gone (operator intervention: admin/crash shutdown, cannot connect
 # now), the connection broke, or the server is read-only (a standby, a failover).
+# InternalClientError is asyncpg losing track of a connection's protocol state when the
+# server ends the session under it ("cannot switch to state 12; another operation (2) is
+# in progress", MagicStack/asyncpg#1069); that connection is useless from then on.
 _UNREACHABLE = (
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
     asyncpg.OperatorInterventionError,
     OSError,
     TimeoutError,
@@ -145,15 +149,29 @@ async def translated() -> AsyncIterator[None]:
 
 
 @asynccontextmanager
-async def transaction(db: asyncpg.Pool | asyncpg.Connection) -> AsyncIterator[asyncpg.Connection]:
-    """A transaction on `db`: a connection taken from the pool for it, or the connection itself."""
+async def connection(db: asyncpg.Pool | asyncpg.Connection) -> AsyncIterator[asyncpg.Connection]:
+    """A connection from the pool (or `db` itself, which its caller owns), errors translated.
+
+    A pool connection that failed in a connection-class way is terminated rather than
+    handed out again: it may be dead, stuck in a broken protocol state, or a session on a
+    server that has since become a standby."""
     async with translated():
-        if isinstance(db, asyncpg.Pool):
-            async with db.acquire() as conn, conn.transaction():
+        if not isinstance(db, asyncpg.Pool):
+            yield db
+            return
+        async with db.acquire() as conn:
+            try:
                 yield conn
-        else:
-            async with db.transaction():
-                yield db
+            except (DatabaseUnavailable, *CONNECTION_ERRORS):
+                conn.terminate()
+                raise
+
+
+@asynccontextmanager
+async def transaction(db: asyncpg.Pool | asyncpg.Connection) -> AsyncIterator[asyncpg.Connection]:
+    """A transaction on a connection from `connection(db)`."""
+    async with connection(db) as conn, conn.transaction():
+        yield conn
 
 
 async def init_connection(conn: asyncpg.Connection) -> None:

@@ -12,7 +12,7 @@ import re
 from importlib.resources import files
 from typing import Any
 
-from dashboard.db import CONNECTION_ERRORS, unavailable
+from dashboard.db import connection
 
 QUERIES_DIR = files("dashboard") / "sql" / "queries"
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
@@ -50,23 +50,23 @@ class Statement:
         return [values[p] for p in self.params]
 
     async def fetch(self, db, **values) -> list:
-        return await self._run(db.fetch, values)
+        return await self._run(db, "fetch", values)
 
     async def fetchrow(self, db, **values):
-        return await self._run(db.fetchrow, values)
+        return await self._run(db, "fetchrow", values)
 
     async def fetchval(self, db, **values):
-        return await self._run(db.fetchval, values)
+        return await self._run(db, "fetchval", values)
 
     async def execute(self, db, **values) -> str:
-        return await self._run(db.execute, values)
+        return await self._run(db, "execute", values)
 
-    async def _run(self, method, values: dict[str, Any]):
-        """A lost, starting or read-only server becomes DatabaseUnavailable (dashboard/db.py)."""
-        try:
-            return await method(self.sql, *self.args(values))
-        except CONNECTION_ERRORS as exc:
-            raise unavailable(exc) from exc
+    async def _run(self, db, method: str, values: dict[str, Any]):
+        """On a connection from db.connection(): a lost, starting or read-only server
+        becomes DatabaseUnavailable, and the connection it broke is not reused."""
+        args = self.args(values)
+        async with connection(db) as conn:
+            return await getattr(conn, method)(self.sql, *args)
 
     def __repr__(self) -> str:
         return f"<Statement {self.name}({', '.join(self.params)})>"
