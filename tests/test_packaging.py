@@ -10,7 +10,6 @@ import asyncio
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,9 +19,9 @@ import psutil
 import pytest
 
 from tests.conftest import ROOT
+from tests.processes import STOP_WITHIN, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.wheel]
-STOP_WITHIN = 10.0
 
 
 @pytest.fixture(scope="module")
@@ -60,12 +59,6 @@ def start_up(bin_dir: str, folder, port: int) -> tuple[subprocess.Popen, str]:
             return proc, password
         assert time.monotonic() < deadline, "".join(seen)
     raise AssertionError("switchboard up exited:\n" + "".join(seen))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def postmaster(folder) -> psutil.Process | None:
