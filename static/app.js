@@ -1,4 +1,4 @@
-// switchboard's only script (CSP forbids inline script): lease countdowns, "select all"
+// The dashboard's only script (CSP forbids inline script): lease countdowns, "select all"
 // on the dead-letters page, and no auto-refresh of that table while a selection is made.
 (function () {
   "use strict";

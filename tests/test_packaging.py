@@ -79,6 +79,9 @@ async def life_of_a_todo(base: str, password: str, token: str) -> None:
             data={"name": "admin", "password": password, "_csrf_token": browser.cookies["csrftoken"]},
         )
         assert login.status_code == 303 and (await browser.get("/")).status_code == 200
+        docs = (await browser.get("/api/v1/docs")).text  # its vendored assets came in the wheel
+        assets = re.findall(r'(?:src|href)="(/static/[^"]+)"', docs)
+        assert assets and all([(await browser.get(url)).status_code == 200 for url in assets]), assets
     headers = {"Authorization": f"Bearer {token}"}
     async with httpx.AsyncClient(base_url=f"{base}/api/v1", headers=headers) as api:
         created = await api.post("/todos", json={"queue": "work", "title": "from the wheel"})

@@ -222,6 +222,27 @@ async def test_every_response_forbids_inline_script_in_its_content_security_poli
     assert (await client.get("/healthz")).headers["content-security-policy"]
 
 
+async def test_the_api_docs_page_has_the_same_csp_and_names_nothing_on_another_origin(client):
+    response = await client.get("/api/v1/docs")
+
+    assert response.status_code == 200
+    directives = csp_directives(response)
+    assert directives["script-src"] == ["'self'"] and directives["style-src"] == ["'self'"]
+    assert "'unsafe-inline'" not in response.headers["content-security-policy"]
+    page = response.text
+    assert not re.search(r'https?://|="//', page)  # no absolute or protocol-relative URL at all
+    assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", page)
+    assert not re.search(r"<style|\sstyle\s*=|\son[a-z]+\s*=", page, re.I)
+    # every script and stylesheet it names is ours, and is there
+    assets = re.findall(r'<(?:script|link)\b[^>]*\b(?:src|href)="([^"]+)"', page)
+    assert len(assets) == 4, assets  # icon, Swagger UI's css and bundle, static/api-docs.js
+    for url in assets:
+        assert url.startswith("/static/"), url
+        assert (await client.get(url)).status_code == 200, url
+    spec = re.search(r'data-spec-url="([^"]+)"', page).group(1)
+    assert (await client.get(spec)).json()["info"]["title"] == "switchboard agent API"
+
+
 async def test_the_csrf_refusal_page_carries_the_content_security_policy_too(client, pool):
     await login(client, pool)
     response = await post(client, "/create", None, {"queue": "mail", "title": "t"})

@@ -16,7 +16,6 @@ from litestar.datastructures import MutableScopeHeaders, State
 from litestar.di import NamedDependency, Provide
 from litestar.middleware.session.client_side import CookieBackendConfig
 from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import ScalarRenderPlugin
 from litestar.plugins.htmx import HTMXPlugin
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.response import ServerSentEvent
@@ -33,6 +32,7 @@ from dashboard.store import Store
 from dashboard.web import actions, api, health, login, pages, templating
 from dashboard.web.access_log import access_log
 from dashboard.web.auth import SESSION_MAX_AGE, require_login
+from dashboard.web.docs import SwaggerUIPage
 from dashboard.web.errors import EXCEPTION_HANDLERS
 from dashboard.web.live import page_stream
 from dashboard.web.services import Services
@@ -62,14 +62,13 @@ async def load_secrets(db: Database) -> WebSecrets:
 
 
 async def security_headers(message: Message, scope: Scope) -> None:
-    """CSP (no inline script, ever) and friends on every response but the API docs page.
+    """CSP (no inline script, ever) and friends on every response, the API docs page too.
 
     A before_send hook, so it also covers responses made by the app-level exception
     handler (a refused CSRF token, say), which middleware would not see."""
     if message["type"] == "http.response.start":
         headers = MutableScopeHeaders.from_message(message)
-        if not scope["path"].startswith(DOCS_PATH):
-            headers["Content-Security-Policy"] = CSP
+        headers["Content-Security-Policy"] = CSP
         headers["X-Content-Type-Options"] = "nosniff"
         headers["Referrer-Policy"] = "same-origin"
         headers["X-Frame-Options"] = "DENY"
@@ -153,7 +152,7 @@ def create_app(dsn: str, secrets: WebSecrets, *, reaper: bool = True, pool_size:
             title="switchboard agent API",
             version="1",
             path=DOCS_PATH,
-            render_plugins=[ScalarRenderPlugin()],
+            render_plugins=[SwaggerUIPage()],  # Swagger UI, served from /static/
             description="Claim, heartbeat, complete and fail todos. Errors are RFC 9457 problem details.",
         ),
         exception_handlers=EXCEPTION_HANDLERS,
