@@ -229,5 +229,6 @@ router = Router(
         channels,
     ],
     dependencies={"agent": Provide(require_agent)},
+    security=[{"bearer": []}],  # the docs page's "Authorize" takes an agent token
     tags=["agents"],
 )

@@ -16,6 +16,7 @@ from litestar.datastructures import MutableScopeHeaders, State
 from litestar.di import NamedDependency, Provide
 from litestar.middleware.session.client_side import CookieBackendConfig
 from litestar.openapi import OpenAPIConfig
+from litestar.openapi.spec import Components, SecurityScheme
 from litestar.plugins.htmx import HTMXPlugin
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.response import ServerSentEvent
@@ -154,6 +155,13 @@ def create_app(dsn: str, secrets: WebSecrets, *, reaper: bool = True, pool_size:
             path=DOCS_PATH,
             render_plugins=[SwaggerUIPage()],  # Swagger UI, served from /static/
             description="Claim, heartbeat, complete and fail todos. Errors are RFC 9457 problem details.",
+            components=Components(
+                security_schemes={
+                    "bearer": SecurityScheme(
+                        type="http", scheme="bearer", description="an agent token: switchboard token add"
+                    )
+                }
+            ),
         ),
         exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=MAX_BODY,

@@ -9,6 +9,8 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.sync_api import expect
 
+from dashboard.accounts import Accounts
+
 pytestmark = pytest.mark.browser
 
 
@@ -55,7 +57,7 @@ def test_the_api_docs_render_offline_under_the_content_security_policy(page, con
 
 
 def test_trying_an_operation_from_the_docs_stays_on_our_origin_and_within_the_csp(
-    page, console, shot, base_url
+    page, console, shot, base_url, live_db
 ):
     refused = offline(page, base_url)
     page.goto("/api/v1/docs#/agents/ClaimNextTodo")
@@ -68,6 +70,17 @@ def test_trying_an_operation_from_the_docs_stays_on_our_origin_and_within_the_cs
     assert answer.value.status == 401  # no bearer token: the problem details are shown
     expect(block.locator(".live-responses-table")).to_contain_text("401")
     expect(block.locator(".curl-command")).to_contain_text("/api/v1/claims")
+
+    _, secret = live_db.run(lambda db: Accounts(db).add_token("docs-reader", ["work"]))
+    page.locator(".auth-wrapper .authorize").click()  # the bearer scheme in the schema
+    page.locator(".modal-ux input").fill(secret)
+    page.locator(".modal-ux button.modal-btn.authorize").click()
+    page.locator(".modal-ux button.btn-done").click()
+    block.locator("textarea.body-param__text").fill('{"queues": ["work"], "ttl": 30}')
+    with page.expect_response(lambda r: r.url.endswith("/api/v1/claims")) as answer:
+        block.get_by_role("button", name="Execute").click()
+    assert answer.value.request.headers["authorization"] == f"Bearer {secret}"
+    assert answer.value.status in (200, 204)  # a todo, or nothing ready: the token was taken
     shot()
     assert refused == []
     # Chromium logs the 401 itself as "Failed to load resource"; anything else is a finding
