@@ -32,7 +32,9 @@ async def readyz(reads: NamedDependency[Reads], hub: NamedDependency[Hub]) -> Re
     except DatabaseUnavailable as exc:
         checks.update(database=str(exc), migrations=False, writable=False)
     else:
-        checks.update(database=True, migrations=migrated_to == NEEDED_MIGRATION, writable=not read_only)
+        # A newer release may have migrated further (a rolling deploy): still ready.
+        migrated = migrated_to is not None and migrated_to >= NEEDED_MIGRATION
+        checks.update(database=True, migrations=migrated, writable=not read_only)
     ready = all(value is True for value in checks.values())
     headers = {} if ready else {"Retry-After": str(RETRY_AFTER)}
     return Response({"ready": ready, "checks": checks}, status_code=200 if ready else 503, headers=headers)
