@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import sys
 
 from dashboard.errors import InvalidInput, SwitchboardError
@@ -31,7 +32,8 @@ def parser() -> argparse.ArgumentParser:
 
     def serving(cmd: argparse.ArgumentParser) -> None:
         cmd.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
-        cmd.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+        # a string default goes through type=int too: a bad PORT is a usage error, not a traceback
+        cmd.add_argument("--port", type=int, default=os.environ.get("PORT", "8000"))
 
     up = sub.add_parser("up", help="newcomer: embedded database, migrate, serve, reap")
     serving(up)
@@ -131,7 +133,12 @@ async def cmd_reap(db, args) -> int:
         reaped, promoted = await reap_once(store)
         print(f"reaped {reaped} lapsed leases, promoted {promoted} due retries")
         return 0
-    await run_reaper(store, interval=args.interval)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # what process managers send; PID 1 has no default
+        loop.add_signal_handler(sig, stop.set)
+    await run_reaper(store, interval=args.interval, stop=stop)
+    logging.getLogger("switchboard.reaper").info("reaper stopped")
     return 0
 
 

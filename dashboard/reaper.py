@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 
+from dashboard.errors import DatabaseUnavailable
 from dashboard.store import Store
 
 log = logging.getLogger("switchboard.reaper")
@@ -59,7 +60,9 @@ async def run_reaper(
                 if pruned:
                     log.info("pruned %d finished todos", pruned)
                 next_prune = loop.time() + PRUNE_EVERY
-        except Exception:  # the database may be briefly gone; try again next tick
+        except DatabaseUnavailable as exc:  # briefly gone, read-only: try again next tick
+            log.warning("reaper pass skipped: %s", exc)
+        except Exception:
             log.exception("reaper pass failed")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval)

@@ -9,6 +9,7 @@ The module's tests share one database, emptied before each test (fresh_module_db
 from __future__ import annotations
 
 import logging
+import os
 from datetime import timedelta
 
 from dashboard import db as dbmod
@@ -27,6 +28,7 @@ from tests.factories import (
     new_todo,
     todo_row,
 )
+from tests.processes import eventually, spawn, stop
 
 pytestmark = ONE_DATABASE_PER_MODULE
 
@@ -165,3 +167,22 @@ async def test_a_reaper_pass_that_moves_nothing_logs_nothing_and_one_that_does_s
         assert await reap_once(module_store) == (1, 0)
     said = [r.getMessage() for r in caplog.records if r.name == "switchboard.reaper"]
     assert said == ["reaped 1 lapsed leases, promoted 0 due retries"]
+
+
+async def test_switchboard_reap_reaps_until_sigterm_then_exits_cleanly(
+    module_dsn, module_store, module_pool, tmp_path
+):
+    """The standalone reaper under a process manager: it works, and SIGTERM (which PID 1 in
+    a container does not act on by default) stops it with status 0 and a log line."""
+    held = await claimed(module_store)
+    await expire_lease(module_pool, held.id)
+    log = tmp_path / "reap.log"
+    reaper = spawn(
+        ["-m", "dashboard.cli", "reap", "--interval", "0.2"], {**os.environ, "DATABASE_URL": module_dsn}, log
+    )
+    try:
+        await eventually(lambda: todo_row(module_pool, held.id), lambda t: t.state == "pending", within=30)
+    finally:
+        status = stop(reaper)
+    assert status == 0, log.read_text()
+    assert "reaper stopped" in log.read_text()
