@@ -47,6 +47,12 @@ def parser() -> argparse.ArgumentParser:
     reap = sub.add_parser("reap", help="re-surface lapsed leases and promote due retries")
     reap.add_argument("--once", action="store_true", help="one pass, then exit")
     reap.add_argument("--interval", type=float, default=1.0, help="seconds between passes")
+    reap.add_argument(
+        "--metrics-port", type=int, help="serve Prometheus metrics on this port (not with --once)"
+    )
+    reap.add_argument(
+        "--metrics-address", default="127.0.0.1", help="where --metrics-port listens (default 127.0.0.1)"
+    )
     reap.set_defaults(run=cmd_reap)
 
     enq = sub.add_parser("enqueue", help="create a todo (prints it as JSON)")
@@ -133,6 +139,12 @@ async def cmd_reap(db, args) -> int:
         reaped, promoted = await reap_once(store)
         print(f"reaped {reaped} lapsed leases, promoted {promoted} due retries")
         return 0
+    if args.metrics_port is not None:
+        from prometheus_client import disable_created_metrics, start_http_server
+
+        disable_created_metrics()
+        start_http_server(args.metrics_port, addr=args.metrics_address)
+        print(f"metrics on http://{args.metrics_address}:{args.metrics_port}/metrics", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):  # what process managers send; PID 1 has no default

@@ -16,6 +16,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
+from dashboard import metrics
 from dashboard.db import transaction
 from dashboard.errors import Conflict, InvalidInput, NotFound, TooLarge
 from dashboard.models import (
@@ -157,6 +158,7 @@ class Store:
             todo = by_key.get(tid) or by_key[(item.queue, item.idempotency_key)]
             results.append(Created(todo=todo, created=todo.id == tid and tid not in seen))
             seen.add(tid)
+        metrics.created(results)
         return results
 
     # -- agents ----------------------------------------------------------------------
@@ -179,14 +181,18 @@ class Store:
         records = await SQL.claim_batch.fetch(
             self.db, queues=queues, owner=_owner(owner), ttl=check_ttl(ttl), n=n
         )
-        return [Todo.from_record(r) for r in records]
+        todos = [Todo.from_record(r) for r in records]
+        metrics.claimed(todos)
+        return todos
 
     async def claim(self, todo_id: str, owner: str, ttl: float, *, scope: Scope | None = None) -> Todo:
         """Claim one todo by id (due, and not assigned to someone else)."""
         record = await SQL.claim.fetchrow(
             self.db, id=check_id(todo_id), owner=_owner(owner), ttl=check_ttl(ttl), scope=_queues(scope)
         )
-        return await self._one(record, todo_id, "claim", owner, None, scope)
+        todo = await self._one(record, todo_id, "claim", owner, None, scope)
+        metrics.claimed([todo])
+        return todo
 
     async def heartbeat(
         self, todo_id: str, owner: str, lease: int, ttl: float, *, scope: Scope | None = None
@@ -200,7 +206,9 @@ class Store:
     async def release(self, todo_id: str, owner: str, lease: int, *, scope: Scope | None = None) -> Todo:
         """Give the todo back to the queue; the attempt stays counted."""
         record = await SQL.release.fetchrow(self.db, **_held(todo_id, owner, lease, scope))
-        return await self._one(record, todo_id, "release", owner, lease, scope)
+        todo = await self._one(record, todo_id, "release", owner, lease, scope)
+        metrics.released(todo)
+        return todo
 
     async def complete(
         self,
@@ -214,7 +222,9 @@ class Store:
         record = await SQL.complete.fetchrow(
             self.db, **_held(todo_id, owner, lease, scope), result=_result(result)
         )
-        return await self._one(record, todo_id, "complete", owner, lease, scope)
+        todo = await self._one(record, todo_id, "complete", owner, lease, scope)
+        metrics.completed([todo])
+        return todo
 
     async def complete_many(
         self, owner: str, items: Sequence[tuple[str, int, dict | None]], *, scope: Scope | None = None
@@ -238,6 +248,7 @@ class Store:
                 if todo_id not in done:
                     raise await self._miss(todo_id, "complete", owner, lease, scope)
         by_id = {r["id"]: Todo.from_record(r) for r in records}
+        metrics.completed(by_id.values())
         return [by_id[todo_id] for todo_id in ids]
 
     async def complete_and_claim_next(
@@ -264,6 +275,8 @@ class Store:
         if not done:
             raise await self._miss(todo_id, "complete", owner, lease, scope)
         claimed = [Todo.from_record(r) for r in records if r["part"] == "claimed"]
+        metrics.completed(done)
+        metrics.claimed(claimed)
         return done[0], (claimed[0] if claimed else None)
 
     async def fail(
@@ -272,13 +285,17 @@ class Store:
         """Below max_attempts: pending with a retry time; at the cap: dead-lettered."""
         error = check_text(error, "error", required=True, limit=MAX_ERROR)
         record = await SQL.fail.fetchrow(self.db, **_held(todo_id, owner, lease, scope), error=error)
-        return await self._one(record, todo_id, "fail", owner, lease, scope)
+        todo = await self._one(record, todo_id, "fail", owner, lease, scope)
+        metrics.failed(todo)
+        return todo
 
     # -- the reaper ------------------------------------------------------------------
 
     async def reap(self, limit: int = 500) -> list[Todo]:
         """Re-surface (or dead-letter) up to `limit` todos whose lease lapsed."""
-        return [Todo.from_record(r) for r in await SQL.reap.fetch(self.db, limit=limit)]
+        todos = [Todo.from_record(r) for r in await SQL.reap.fetch(self.db, limit=limit)]
+        metrics.reaped(todos)
+        return todos
 
     async def promote_due_retries(self, limit: int = 500) -> int:
         return await SQL.promote_due_retries.fetchval(self.db, limit=limit)
@@ -303,7 +320,9 @@ class Store:
             )
         except asyncpg.UniqueViolationError:
             raise await self._key_taken(todo_id) from None
-        return await self._one(record, todo_id, "retry", operator, None, None)
+        todo = await self._one(record, todo_id, "retry", operator, None, None)
+        metrics.retried(todo)
+        return todo
 
     async def retry_many(
         self, todo_ids: Sequence[str], operator: str, *, one_more: bool = False
@@ -321,7 +340,9 @@ class Store:
     async def force_release(self, todo_id: str, operator: str) -> Todo:
         """Take a lease back from an agent that is gone; recorded with the operator's name."""
         record = await SQL.force_release.fetchrow(self.db, id=check_id(todo_id), actor=operator)
-        return await self._one(record, todo_id, "force-release", operator, None, None)
+        todo = await self._one(record, todo_id, "force-release", operator, None, None)
+        metrics.released(todo)
+        return todo
 
     # -- internals -------------------------------------------------------------------
 
@@ -352,6 +373,8 @@ class Store:
             facts += f", assigned to {assignee}"
         if lease is not None and state == "claimed" and owner == actor and lease != row["lease_token"]:
             facts += f"; lease {lease} is stale (the current lease is {row['lease_token']})"
+        if lease is not None and lease != row["lease_token"]:  # a later claim superseded it
+            metrics.fenced(row["queue"], action)
         current = {
             "state": state,
             "owner": owner,

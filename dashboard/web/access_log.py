@@ -1,6 +1,7 @@
 """One line per request on the `switchboard.access` logger: method, route template (so
 `/api/v1/todos/{todo_id:str}/complete`, not every todo's id), status and duration.
-SWITCHBOARD_LOG_FORMAT=json writes each as a JSON object instead, for log shippers."""
+SWITCHBOARD_LOG_FORMAT=json writes each as a JSON object instead, for log shippers.
+The same four facts feed the request-latency histogram (dashboard/metrics.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import os
 import time
 
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+from dashboard import metrics
 
 log = logging.getLogger("switchboard.access")
 
@@ -33,8 +36,10 @@ def access_log(app: ASGIApp) -> ASGIApp:
         try:
             await app(scope, receive, sending)
         finally:
-            ms = (time.perf_counter() - started) * 1000
+            seconds = time.perf_counter() - started
+            ms = seconds * 1000
             route = scope.get("path_template") or "(no route)"
+            metrics.request(scope["method"], route, status, seconds)
             if as_json:
                 log.info(
                     json.dumps(

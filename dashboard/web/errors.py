@@ -89,6 +89,12 @@ def wants_json(request: Request) -> bool:
     return request.url.path.startswith("/api/") or ("json" in accept and "html" not in accept)
 
 
+def problem(status: int, detail: str, headers: dict | None = None, **extra) -> Response:
+    """An RFC 9457 problem details response."""
+    body = {"type": "about:blank", "title": _TITLES.get(status, "Error"), "status": status, "detail": detail}
+    return Response({**body, **extra}, status_code=status, media_type=PROBLEM, headers=headers)
+
+
 def handle(request: Request, exc: Exception) -> Response:
     if isinstance(exc, LoginRequired) and not wants_json(request):
         return to_login(request)
@@ -106,14 +112,7 @@ def handle(request: Request, exc: Exception) -> Response:
     if isinstance(exc, NotAuthorizedException) and request.url.path.startswith("/api/"):
         headers["WWW-Authenticate"] = 'Bearer realm="switchboard"'
     if wants_json(request):
-        body = {
-            "type": "about:blank",
-            "title": _TITLES.get(status, "Error"),
-            "status": status,
-            "detail": detail,
-            **extra,
-        }
-        return Response(body, status_code=status, media_type=PROBLEM, headers=headers)
+        return problem(status, detail, headers, **extra)
     template = "error.html"
     if request.headers.get("hx-request"):  # show it in the page's message area
         template = "partials/error.html"

@@ -1,0 +1,154 @@
+"""Prometheus metrics: what each process counts, and the text a scrape reads.
+
+Counters and histograms live in prometheus_client's default registry, one set per
+process, as Prometheus expects (each process is scraped as its own target). The Store
+calls the small functions below after its statement has returned, with the rows that
+statement gave back: no extra SQL, nothing counted in the database. The per-queue gauges
+are not kept here: each scrape builds them from the overview's counts (`exposition`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from dashboard.models import Created, Todo
+from dashboard.reads import QueueStats
+
+
+def _per_queue(name: str, doc: str) -> Counter:
+    return Counter(f"switchboard_todos_{name}", doc, ["queue"])
+
+
+CREATED = _per_queue("created", "Todos created.")
+DEDUPLICATED = _per_queue("deduplicated", "Deliveries collapsed onto a live todo with the same key.")
+CLAIMED = _per_queue("claimed", "Claims (each attempt counts).")
+COMPLETED = _per_queue("completed", "Todos completed.")
+FAILED = _per_queue("failed", "Attempts failed by their agent (retried or dead-lettered).")
+RETRIED = _per_queue("retried", "Dead-letters retried by an operator.")
+DEAD_LETTERED = _per_queue("dead_lettered", "Todos dead-lettered (failed or reaped at the cap).")
+REAPED = _per_queue("reaped", "Lapsed leases taken back by the reaper.")
+RELEASED = _per_queue("released", "Leases given back, by their agent or by an operator.")
+FENCED = Counter(
+    "switchboard_fencing_refusals",
+    "Heartbeats and acks refused because a later claim superseded their lease.",
+    ["queue", "action"],
+)
+_LONG = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600)
+TIME_IN_QUEUE = Histogram(
+    "switchboard_todo_time_in_queue_seconds",
+    "From creation to first claim.",
+    ["queue"],
+    buckets=_LONG,
+)
+RUN_TIME = Histogram(
+    "switchboard_todo_run_seconds",
+    "From claim to completion or failure, per attempt.",
+    ["queue", "outcome"],
+    buckets=_LONG,
+)
+HTTP_REQUESTS = Histogram(
+    "switchboard_http_request_duration_seconds",
+    "HTTP requests by method, route template and status.",
+    ["method", "route", "status"],
+    buckets=(*Histogram.DEFAULT_BUCKETS[:-1], 30, 60),  # long-poll claims wait up to 60 s
+)
+
+
+def created(results: Iterable[Created]) -> None:
+    for result in results:
+        (CREATED if result.created else DEDUPLICATED).labels(result.todo.queue).inc()
+
+
+def claimed(todos: Iterable[Todo]) -> None:
+    for todo in todos:
+        CLAIMED.labels(todo.queue).inc()
+        if todo.lease_token == 1:  # the first claim: later ones wait since a retry or release
+            TIME_IN_QUEUE.labels(todo.queue).observe((todo.claimed_at - todo.created_at).total_seconds())
+
+
+def completed(todos: Iterable[Todo]) -> None:
+    for todo in todos:
+        COMPLETED.labels(todo.queue).inc()
+        _ran(todo, "completed")
+
+
+def failed(todo: Todo) -> None:
+    FAILED.labels(todo.queue).inc()
+    _ran(todo, "failed")
+    _maybe_dead(todo)
+
+
+def reaped(todos: Iterable[Todo]) -> None:
+    for todo in todos:
+        REAPED.labels(todo.queue).inc()
+        _maybe_dead(todo)
+
+
+def released(todo: Todo) -> None:
+    RELEASED.labels(todo.queue).inc()
+
+
+def retried(todo: Todo) -> None:
+    RETRIED.labels(todo.queue).inc()
+
+
+def fenced(queue: str, action: str) -> None:
+    FENCED.labels(queue, action).inc()
+
+
+def request(method: str, route: str, status: int, seconds: float) -> None:
+    HTTP_REQUESTS.labels(method, route, str(status)).observe(seconds)
+
+
+def _ran(todo: Todo, outcome: str) -> None:
+    # The finishing statement sets updated_at (and claimed_at is still the attempt's).
+    RUN_TIME.labels(todo.queue, outcome).observe((todo.updated_at - todo.claimed_at).total_seconds())
+
+
+def _maybe_dead(todo: Todo) -> None:
+    if todo.state == "failed":
+        DEAD_LETTERED.labels(todo.queue).inc()
+
+
+class _QueueGauges:
+    """The overview's counts as gauges, for one scrape."""
+
+    def __init__(self, stats: list[QueueStats]):
+        self.stats = stats
+
+    def collect(self):
+        todos = GaugeMetricFamily(
+            "switchboard_queue_todos",
+            "Todos by state: ready, retrying, claimed, dead.",
+            labels=["queue", "state"],
+        )
+        lapsed = GaugeMetricFamily(
+            "switchboard_queue_lapsed_leases",
+            "Claimed todos whose lease lapsed, not yet reaped.",
+            labels=["queue"],
+        )
+        oldest = GaugeMetricFamily(
+            "switchboard_queue_oldest_ready_age_seconds",
+            "Age of the oldest claimable todo (0 when none).",
+            labels=["queue"],
+        )
+        for s in self.stats:
+            for state in ("ready", "retrying", "claimed", "dead"):
+                todos.add_metric([s.queue, state], getattr(s, state))
+            lapsed.add_metric([s.queue], s.lapsed)
+            oldest.add_metric([s.queue], float(s.oldest_ready_age or 0))  # numeric from SQL
+        return [todos, lapsed, oldest]
+
+
+def exposition(stats: list[QueueStats] | None) -> bytes:
+    """This process's metrics in the Prometheus text format, with the queue gauges from
+    `stats` (None: the database did not answer; the process's own metrics still do)."""
+    text = generate_latest(REGISTRY)
+    if stats is not None:
+        gauges = CollectorRegistry()
+        gauges.register(_QueueGauges(stats))
+        text += generate_latest(gauges)
+    return text
