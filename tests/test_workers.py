@@ -28,6 +28,7 @@ from dashboard.reaper import reap_once
 from dashboard.store import Store
 from tests.conftest import ROOT
 from tests.factories import Step, enqueue, history, make_retry_due, todo_row, unique
+from tests.processes import stop
 
 pytestmark = pytest.mark.slow
 
@@ -95,17 +96,6 @@ class Spawner:
                 child.kill()
             except psutil.NoSuchProcess:
                 pass
-
-
-def stop(proc: subprocess.Popen, timeout: float = 10) -> int:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return proc.returncode
 
 
 @pytest.fixture
