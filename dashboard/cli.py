@@ -158,7 +158,7 @@ async def cmd_reap(db, args) -> int:
 async def cmd_enqueue(db, args) -> int:
     import msgspec
 
-    from dashboard.models import NewTodo
+    from dashboard.models import Actor, NewTodo
     from dashboard.store import Store
 
     try:
@@ -175,7 +175,7 @@ async def cmd_enqueue(db, args) -> int:
         assignee=args.assignee,
         max_attempts=args.max_attempts,
     )
-    created = await Store(db.pool).create(item, actor="cli")
+    created = await Store(db.pool).create(item, actor=Actor("producer", "cli"))
     print(msgspec.json.format(msgspec.json.encode(created)).decode())
     return 0
 

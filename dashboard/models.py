@@ -14,6 +14,7 @@ import msgspec
 from dashboard.errors import InvalidInput, NotFound, OutOfScope, TooLarge
 
 STATES = ("pending", "claimed", "done", "failed")
+ACTOR_KINDS = ("agent", "operator", "producer", "system")
 QUEUE_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")  # always fullmatch
 TTL_MIN, TTL_MAX = 1, 12 * 3600
 MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX = 1, 100
@@ -60,6 +61,18 @@ class Todo(msgspec.Struct, kw_only=True):
         row.pop("part", None)
         row.pop("read_at", None)
         return cls(**row)
+
+
+class Actor(msgspec.Struct, frozen=True):
+    """Who moved a todo, as its history row records it: a kind (one of ACTOR_KINDS) and a
+    name within that kind. The two are stored apart, so no name can pass for another
+    kind's: an agent called "operator:admin" is still an agent (DESIGN.md, "Actors")."""
+
+    kind: str
+    name: str
+
+
+PRODUCER = Actor("producer", "producer")  # Store.create's default: code that enqueues directly
 
 
 class NewEvent(msgspec.Struct, kw_only=True):
@@ -186,6 +199,13 @@ def check_lease(lease: Any) -> int:
     if isinstance(lease, bool) or not isinstance(lease, int) or not 0 <= lease <= MAX_LEASE:
         raise InvalidInput("lease", "must be the whole number the claim returned")
     return lease
+
+
+def check_actor(actor: Any) -> Actor:
+    if not isinstance(actor, Actor) or actor.kind not in ACTOR_KINDS:
+        raise InvalidInput("actor", f"must be an Actor of kind {', '.join(ACTOR_KINDS)}")
+    check_text(actor.name, "actor", required=True)
+    return actor
 
 
 def check_new_todo(item: NewTodo) -> tuple[str, str | None]:

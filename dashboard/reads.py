@@ -81,6 +81,7 @@ class HistoryEntry(msgspec.Struct, kw_only=True):
     at: datetime
     from_state: str | None
     to_state: str
+    actor_kind: str  # agent, operator, producer or system: who `actor` names
     actor: str
     attempt: int
     note: str | None

@@ -21,10 +21,13 @@ from dashboard.db import transaction
 from dashboard.errors import Conflict, InvalidInput, NotFound, TooLarge
 from dashboard.models import (
     MAX_ERROR,
+    PRODUCER,
+    Actor,
     Created,
     NewTodo,
     Scope,
     Todo,
+    check_actor,
     check_id,
     check_json_object,
     check_lease,
@@ -61,19 +64,21 @@ class Store:
 
     # -- producers -------------------------------------------------------------------
 
-    async def create(self, item: NewTodo, *, actor: str = "producer", scope: Scope | None = None) -> Created:
+    async def create(self, item: NewTodo, *, actor: Actor = PRODUCER, scope: Scope | None = None) -> Created:
         """Create one todo; a live todo with the same (queue, key) is returned instead."""
         return (await self.create_many([item], actor=actor, scope=scope))[0]
 
     async def create_many(
-        self, items: Sequence[NewTodo], *, actor: str = "producer", scope: Scope | None = None
+        self, items: Sequence[NewTodo], *, actor: Actor = PRODUCER, scope: Scope | None = None
     ) -> list[Created]:
         """Create many todos in one round trip (two with events), results in input order.
 
         Duplicates of one (queue, key), within the batch or against a live todo, collapse
         onto one todo and are counted in its dedupe_hits. With `scope`, every item's queue
-        must be one the token covers (checked before anything else).
+        must be one the token covers (checked before anything else). `actor` is recorded
+        on each history row (the agent, for the API; the operator, for the dashboard).
         """
+        check_actor(actor)
         if scope is not None:
             scope.check(dict.fromkeys(item.queue for item in items))
         if not items:
@@ -143,9 +148,9 @@ class Store:
                         )
                     ),
                 )
-                records = await SQL.create_todos.fetch(conn, **columns, actor=actor)
+                records = await SQL.create_todos.fetch(conn, **columns, **_recorded(actor))
         else:
-            records = await SQL.create_todos.fetch(self.db, **columns, actor=actor)
+            records = await SQL.create_todos.fetch(self.db, **columns, **_recorded(actor))
 
         by_key = {}
         for record in records:
@@ -312,35 +317,37 @@ class Store:
 
     # -- operators -------------------------------------------------------------------
 
-    async def retry(self, todo_id: str, operator: str, *, one_more: bool = False) -> Todo:
+    async def retry(self, todo_id: str, actor: Actor, *, one_more: bool = False) -> Todo:
         """Dead-letter back to pending: a fresh budget, or (one_more) one more attempt."""
         try:
             record = await SQL.retry.fetchrow(
-                self.db, id=check_id(todo_id), actor=operator, one_more=one_more
+                self.db, id=check_id(todo_id), **_recorded(check_actor(actor)), one_more=one_more
             )
         except asyncpg.UniqueViolationError:
             raise await self._key_taken(todo_id) from None
-        todo = await self._one(record, todo_id, "retry", operator, None, None)
+        todo = await self._one(record, todo_id, "retry", actor.name, None, None)
         metrics.retried(todo)
         return todo
 
     async def retry_many(
-        self, todo_ids: Sequence[str], operator: str, *, one_more: bool = False
+        self, todo_ids: Sequence[str], actor: Actor, *, one_more: bool = False
     ) -> RetryReport:
         """Retry each todo on its own, so one refusal does not stop the rest."""
         report = RetryReport(retried=[], refused=[])
         for todo_id in todo_ids:
             try:
-                await self.retry(todo_id, operator, one_more=one_more)
+                await self.retry(todo_id, actor, one_more=one_more)
                 report.retried.append(todo_id)
             except (Conflict, NotFound) as exc:
                 report.refused.append((todo_id, str(exc)))
         return report
 
-    async def force_release(self, todo_id: str, operator: str) -> Todo:
-        """Take a lease back from an agent that is gone; recorded with the operator's name."""
-        record = await SQL.force_release.fetchrow(self.db, id=check_id(todo_id), actor=operator)
-        todo = await self._one(record, todo_id, "force-release", operator, None, None)
+    async def force_release(self, todo_id: str, actor: Actor) -> Todo:
+        """Take a lease back from an agent that is gone; recorded as `actor` (the operator)."""
+        record = await SQL.force_release.fetchrow(
+            self.db, id=check_id(todo_id), **_recorded(check_actor(actor))
+        )
+        todo = await self._one(record, todo_id, "force-release", actor.name, None, None)
         metrics.released(todo)
         return todo
 
@@ -416,6 +423,11 @@ def _held(todo_id: Any, owner: Any, lease: Any, scope: Scope | None) -> dict[str
         "lease": check_lease(lease),
         "scope": _queues(scope),
     }
+
+
+def _recorded(actor: Actor) -> dict[str, str]:
+    """The (:actor_kind, :actor) a history row records."""
+    return {"actor_kind": actor.kind, "actor": actor.name}
 
 
 def _owner(owner: Any) -> str:

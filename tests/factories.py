@@ -111,10 +111,12 @@ async def db_now(db) -> datetime:
 
 
 class Step(NamedTuple):
-    """One row of a todo's history; equal to the plain tuple (from, to, actor, attempt, note)."""
+    """One row of a todo's history; equal to the plain tuple
+    (from, to, actor kind, actor, attempt, note)."""
 
     from_state: str | None
     to_state: str
+    actor_kind: str
     actor: str
     attempt: int
     note: str | None
@@ -123,7 +125,7 @@ class Step(NamedTuple):
 async def history(db, todo_id: str) -> list[Step]:
     """The todo's history, oldest first."""
     rows = await db.fetch(
-        "SELECT from_state::text, to_state::text, actor, attempt, note FROM todo_history "
+        "SELECT from_state::text, to_state::text, actor_kind, actor, attempt, note FROM todo_history "
         "WHERE todo_id = $1 ORDER BY id",
         todo_id,
     )

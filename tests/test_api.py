@@ -132,7 +132,7 @@ async def test_create_answers_201_with_the_new_pending_todo(api_client, module_p
     assert todo["lease"] is None and todo["owner"] is None
     stored = await todo_row(module_pool, todo["id"])
     assert stored.payload == {"to": "a@b"} and stored.state == "pending"
-    assert await history(module_pool, todo["id"]) == [(None, "pending", "agent:bot", 0, "created")]
+    assert await history(module_pool, todo["id"]) == [(None, "pending", "agent", "bot", 0, "created")]
 
 
 async def test_a_duplicate_key_answers_200_with_the_live_todo_and_counts_the_delivery(
@@ -264,7 +264,14 @@ async def test_claim_by_id_answers_200_with_a_lease(api_client, module_pool, bot
     stored = await todo_row(module_pool, todo["id"])
     assert (body["state"], body["owner"], body["lease"]) == ("claimed", "bot", stored.lease_token)
     assert parse(body["lease_expires_at"]) == stored.lease_expires_at
-    assert await last_step(module_pool, todo["id"]) == ("pending", "claimed", "bot", 1, "claimed by id")
+    assert await last_step(module_pool, todo["id"]) == (
+        "pending",
+        "claimed",
+        "agent",
+        "bot",
+        1,
+        "claimed by id",
+    )
 
 
 async def test_claim_by_id_answers_409_when_assigned_to_another_agent(api_client, module_pool, bot):
@@ -336,7 +343,7 @@ async def test_release_answers_200_and_puts_the_todo_back_with_the_attempt_count
     assert (body["state"], body["owner"], body["lease"], body["attempt"]) == ("pending", None, None, 1)
     stored = await todo_row(module_pool, held["id"])
     assert (stored.state, stored.owner, stored.lease_expires_at) == ("pending", None, None)
-    assert await last_step(module_pool, held["id"]) == ("claimed", "pending", "bot", 1, "released")
+    assert await last_step(module_pool, held["id"]) == ("claimed", "pending", "agent", "bot", 1, "released")
     again = await claim(api_client, bot)
     assert again["id"] == held["id"] and again["attempt"] == 2
 
@@ -454,7 +461,7 @@ async def test_fail_at_the_cap_says_dead_lettered(api_client, module_pool, bot):
     assert (body["will_retry"], body["retry_at"], body["dead_lettered"]) == (False, None, True)
     stored = await todo_row(module_pool, held["id"])
     assert (stored.state, stored.last_error) == ("failed", "bad address")
-    assert await last_step(module_pool, held["id"]) == ("claimed", "failed", "bot", 1, "bad address")
+    assert await last_step(module_pool, held["id"]) == ("claimed", "failed", "agent", "bot", 1, "bad address")
 
 
 # -- reads -------------------------------------------------------------------------------
@@ -469,11 +476,14 @@ async def test_get_answers_the_todo_with_its_whole_history(api_client, module_po
     body = response.json()
     assert body["todo"]["id"] == held["id"] and body["todo"]["result"] == {"ok": 1}
     assert body["event"] is None
-    steps = [(h["from_state"], h["to_state"], h["actor"], h["attempt"], h["note"]) for h in body["history"]]
+    steps = [
+        (h["from_state"], h["to_state"], h["actor_kind"], h["actor"], h["attempt"], h["note"])
+        for h in body["history"]
+    ]
     assert steps == [
-        (None, "pending", "agent:bot", 0, "created"),
-        ("pending", "claimed", "bot", 1, "claimed"),
-        ("claimed", "done", "bot", 1, "completed"),
+        (None, "pending", "agent", "bot", 0, "created"),
+        ("pending", "claimed", "agent", "bot", 1, "claimed"),
+        ("claimed", "done", "agent", "bot", 1, "completed"),
     ]
     assert all(parse(h["at"]) for h in body["history"])
 

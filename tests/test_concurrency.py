@@ -200,7 +200,7 @@ async def test_eight_reapers_reap_each_of_a_thousand_expired_leases_exactly_once
     assert len(everything) == len(set(everything)) == 1000
     by_reaper = await conn.fetch(
         "SELECT todo_id, count(*) AS n, min(note) AS note FROM todo_history "
-        "WHERE actor = 'reaper' GROUP BY todo_id"
+        "WHERE (actor_kind, actor) = ('system', 'reaper') GROUP BY todo_id"
     )
     assert len(by_reaper) == 1000
     assert {(r["n"], r["note"]) for r in by_reaper} == {(1, "lease expired (owner gone)")}
@@ -257,7 +257,7 @@ async def test_reapers_racing_late_completions_never_reopen_a_done_todo(dsn, con
         for r in await conn.fetch(
             "SELECT t.id, t.state::text AS state, "
             "       (SELECT count(*) FROM todo_history h WHERE h.todo_id = t.id "
-            "        AND h.actor = 'reaper') AS reaped, "
+            "        AND (h.actor_kind, h.actor) = ('system', 'reaper')) AS reaped, "
             "       (SELECT count(*) FROM todo_history h WHERE h.todo_id = t.id "
             "        AND h.to_state = 'done') AS done "
             "FROM todos t"

@@ -18,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dashboard.errors import Conflict
+from dashboard.models import Actor
 from tests.conftest import ROOT, build_app, in_process
 from tests.factories import (
     claimed,
@@ -113,12 +114,12 @@ async def test_each_transition_moves_its_counter_for_its_queue_only(open_metrics
         await store.fail(todo.id, todo.owner, again.lease_token, "twice")
 
     assert await step(fail_twice) == {"failed": 2, "claimed": 1, "dead_lettered": 1}
-    assert await step(lambda: store.retry(todo.id, "olga")) == {"retried": 1}
+    assert await step(lambda: store.retry(todo.id, Actor("operator", "olga"))) == {"retried": 1}
 
     held = await claimed(store, q)
     assert await step(lambda: store.release(held.id, "w1", held.lease_token)) == {"released": 1}
     held = await store.claim(held.id, "w1", 30)
-    assert await step(lambda: store.force_release(held.id, "olga")) == {"released": 1}
+    assert await step(lambda: store.force_release(held.id, Actor("operator", "olga"))) == {"released": 1}
 
     held = await store.claim(held.id, "w1", 30)
     dying = await claimed(store, q, max_attempts=1)

@@ -33,7 +33,7 @@ from hypothesis.stateful import (
 
 from dashboard import db as dbmod
 from dashboard.errors import Conflict, InvalidInput, NotFound
-from dashboard.models import NewTodo, Todo
+from dashboard.models import PRODUCER, Actor, NewTodo, Todo
 from dashboard.store import Store
 from tests import factories
 from tests.conftest import drop_database, make_database
@@ -41,7 +41,8 @@ from tests.conftest import drop_database, make_database
 QUEUES = ("a", "b")
 OWNERS = ("alice", "bob", "carol")
 KEYS = ("k1", "k2")
-OPERATOR = "oscar"
+OPERATOR = Actor("operator", "oscar")
+REAPER = Actor("system", "reaper")
 TTL = 300  # seconds; leases lapse only when a rule says so
 MISSING = "td_00000000-0000-0000-0000-000000000000"
 
@@ -90,7 +91,7 @@ class M:
     retry: str | None = None  # next_retry_at: None, "future" or "due"
     dedupe_hits: int = 0
     history: int = 1  # rows in todo_history
-    last: tuple = (None, "producer")  # the newest history row's from_state and actor
+    last: tuple = (None, PRODUCER)  # the newest history row's from_state and Actor
 
     def row(self) -> dict:
         return {
@@ -139,7 +140,7 @@ class Model:
         t.attempt += 1
         t.lease_token += 1
         t.history += 1
-        t.last = ("pending", owner)
+        t.last = ("pending", Actor("agent", owner))
 
     @staticmethod
     def holds(t: M | None, owner: str, lease: int) -> str:
@@ -151,7 +152,7 @@ class Model:
         return CONFLICT
 
     @staticmethod
-    def fail(t: M, actor: str) -> None:
+    def fail(t: M, actor: Actor) -> None:
         """fail, and reap: below the cap back to pending with a retry time; at it, dead."""
         t.lease = None
         if t.attempt < t.max_attempts:
@@ -162,7 +163,7 @@ class Model:
         t.last = ("claimed", actor)
 
     @staticmethod
-    def transition(t: M, actor: str, from_state: str) -> None:
+    def transition(t: M, actor: Actor, from_state: str) -> None:
         t.history += 1
         t.last = (from_state, actor)
 
@@ -342,7 +343,7 @@ class QueueMachine(RuleBasedStateMachine):
         if live is not None:
             assert not got.created, "a live todo holds the key: the create must collapse"
             live.dedupe_hits += 1
-            Model.transition(live, "producer", live.state)
+            Model.transition(live, PRODUCER, live.state)
             self.check("create (collapsed)", got.todo, live)
             return
         assert got.created, f"no live todo holds ({queue}, {key}), yet created=False"
@@ -412,7 +413,7 @@ class QueueMachine(RuleBasedStateMachine):
         )
         if outcome == OK:
             t.lease = "live"  # also on a lapsed lease the reaper has not taken yet
-            Model.transition(t, owner, "claimed")
+            Model.transition(t, Actor("agent", owner), "claimed")
             self.check("heartbeat", got, t)
 
     @precondition(lambda self: bool(self.ids("claimed")))
@@ -423,7 +424,7 @@ class QueueMachine(RuleBasedStateMachine):
         )
         if outcome == OK:
             t.state, t.owner, t.lease = "pending", None, None  # the attempt stays counted
-            Model.transition(t, owner, "claimed")
+            Model.transition(t, Actor("agent", owner), "claimed")
             self.check("release", got, t)
 
     @precondition(lambda self: bool(self.ids("claimed")))
@@ -434,7 +435,7 @@ class QueueMachine(RuleBasedStateMachine):
         )
         if outcome == OK:
             t.state, t.lease = "done", None  # the last owner stays
-            Model.transition(t, owner, "claimed")
+            Model.transition(t, Actor("agent", owner), "claimed")
             self.check("complete", got, t)
             assert got.result == {"ok": True}
 
@@ -445,7 +446,7 @@ class QueueMachine(RuleBasedStateMachine):
             data, "fail", lambda i, o, lease: self.store.fail(i, o, lease, "boom")
         )
         if outcome == OK:
-            Model.fail(t, owner)
+            Model.fail(t, Actor("agent", owner))
             self.check("fail", got, t)
             assert got.last_error == "boom"
             self.settle_retry(got)
@@ -464,7 +465,7 @@ class QueueMachine(RuleBasedStateMachine):
             return  # nothing completed, nothing claimed: the invariant checks it
         done, claimed = got
         t.state, t.lease = "done", None
-        Model.transition(t, owner, "claimed")
+        Model.transition(t, Actor("agent", owner), "claimed")
         self.check("complete_and_claim_next (done)", done, t)
         self.check_next_claim("complete_and_claim_next (claimed)", queues, owner, claimed)
 
@@ -498,7 +499,7 @@ class QueueMachine(RuleBasedStateMachine):
         for g in got:
             t = want[g.id]
             prior_owner = t.owner
-            Model.fail(t, "reaper")
+            Model.fail(t, REAPER)
             self.check("reap", g, t)
             assert g.last_error == f"lease expired (owner {prior_owner})", g.last_error
             self.settle_retry(g)
@@ -523,7 +524,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert got == len(due), f"promoted {got}, model expects {len(due)}"
         for t in due:
             t.retry = None
-            Model.transition(t, "reaper", "pending")
+            Model.transition(t, REAPER, "pending")
 
     # -- operators ---------------------------------------------------------------------
 
@@ -641,10 +642,11 @@ class QueueMachine(RuleBasedStateMachine):
                    CASE WHEN t.next_retry_at IS NULL THEN NULL
                         WHEN t.next_retry_at > now() THEN 'future' ELSE 'due' END AS retry,
                    h.count AS history, h.from_state::text AS last_from,
-                   h.to_state::text AS last_to, h.attempt AS last_attempt, h.actor AS last_actor
+                   h.to_state::text AS last_to, h.attempt AS last_attempt,
+                   h.actor_kind AS last_actor_kind, h.actor AS last_actor
             FROM todos t
             LEFT JOIN LATERAL (
-                SELECT count(*) OVER () AS count, from_state, to_state, attempt, actor
+                SELECT count(*) OVER () AS count, from_state, to_state, attempt, actor_kind, actor
                 FROM todo_history WHERE todo_id = t.id ORDER BY id DESC LIMIT 1
             ) h ON true
         """)
@@ -662,7 +664,12 @@ class QueueMachine(RuleBasedStateMachine):
             assert r["history"] == t.history, (
                 f"{todo_id}: {r['history']} history rows, model expects {t.history}"
             )
-            last = (r["last_from"], r["last_to"], r["last_attempt"], r["last_actor"])
+            last = (
+                r["last_from"],
+                r["last_to"],
+                r["last_attempt"],
+                Actor(r["last_actor_kind"], r["last_actor"]),
+            )
             want = (t.last[0], t.state, t.attempt, t.last[1])
             assert last == want, f"{todo_id}: newest history row {last}, model {want}"
         # DESIGN.md: one live todo per (queue, idempotency_key).

@@ -41,7 +41,7 @@ async def test_heartbeat_extends_the_lease_from_now(module_store, module_pool):
     assert before + ten_minutes <= beat.lease_expires_at <= after + ten_minutes
     assert before <= beat.heartbeat_at <= after
     assert (beat.state, beat.owner, beat.attempt, beat.lease_token) == ("claimed", "w1", 1, 1)
-    assert await last_step(module_pool, held.id) == ("claimed", "claimed", "w1", 1, "heartbeat")
+    assert await last_step(module_pool, held.id) == ("claimed", "claimed", "agent", "w1", 1, "heartbeat")
 
 
 async def test_heartbeat_succeeds_on_a_lapsed_lease_the_reaper_has_not_taken(module_store, module_pool):
@@ -85,7 +85,7 @@ async def test_release_gives_the_todo_back_and_keeps_the_attempt_counted(module_
     released = await module_store.release(held.id, "w1", held.lease_token)
     assert (released.state, released.owner, released.lease_expires_at) == ("pending", None, None)
     assert (released.attempt, released.lease_token, released.next_retry_at) == (1, 1, None)
-    assert await last_step(module_pool, held.id) == ("claimed", "pending", "w1", 1, "released")
+    assert await last_step(module_pool, held.id) == ("claimed", "pending", "agent", "w1", 1, "released")
 
     again = await module_store.claim_next(["q"], "w2", 30)
     assert (again.id, again.attempt, again.lease_token) == (held.id, 2, 2)
@@ -132,7 +132,7 @@ async def test_complete_marks_the_todo_done_with_its_result(module_store, module
     assert (done.state, done.result, done.owner, done.attempt) == ("done", {"answer": 42}, "w1", 1)
     assert done.lease_expires_at is None and done.completed_at >= before
     assert await todo_row(module_pool, held.id) == done
-    assert await last_step(module_pool, held.id) == ("claimed", "done", "w1", 1, "completed")
+    assert await last_step(module_pool, held.id) == ("claimed", "done", "agent", "w1", 1, "completed")
 
 
 async def test_complete_without_a_result_leaves_the_result_empty(module_store, module_pool):
@@ -181,7 +181,7 @@ async def test_complete_many_completes_every_item_with_its_own_result(module_sto
     for t in held:
         stored = await todo_row(module_pool, t.id)
         assert (stored.state, stored.result) == ("done", {"title": t.title})
-        assert await last_step(module_pool, t.id) == ("claimed", "done", "w1", 1, "completed")
+        assert await last_step(module_pool, t.id) == ("claimed", "done", "agent", "w1", 1, "completed")
 
 
 async def test_complete_many_with_a_stale_item_raises_a_conflict_naming_it(module_store, module_pool):
@@ -231,8 +231,8 @@ async def test_complete_and_claim_next_completes_one_and_claims_the_oldest_next(
     )
     assert (done.id, done.state, done.result) == (held.id, "done", {"ok": 1})
     assert (nxt.id, nxt.state, nxt.owner, nxt.attempt) == (third.id, "claimed", "w1", 1)
-    assert await last_step(module_pool, held.id) == ("claimed", "done", "w1", 1, "completed")
-    assert await last_step(module_pool, third.id) == ("pending", "claimed", "w1", 1, "claimed")
+    assert await last_step(module_pool, held.id) == ("claimed", "done", "agent", "w1", 1, "completed")
+    assert await last_step(module_pool, third.id) == ("pending", "claimed", "agent", "w1", 1, "claimed")
     assert (await todo_row(module_pool, second.id)).state == "pending"
 
 
@@ -251,7 +251,7 @@ async def test_complete_and_claim_next_claims_nothing_when_the_complete_misses(m
         await module_store.complete_and_claim_next(held.id, "ann", held.lease_token + 1, None, ["q"], 30)
     assert await todo_row(module_pool, held.id) == held
     assert await todo_row(module_pool, waiting.id) == waiting
-    assert await history(module_pool, waiting.id) == [(None, "pending", "producer", 0, "created")]
+    assert await history(module_pool, waiting.id) == [(None, "pending", "producer", "producer", 0, "created")]
 
 
 # -- fail ------------------------------------------------------------------------------
@@ -268,7 +268,7 @@ async def test_fail_below_the_cap_backs_off_at_most_two_to_the_attempt_seconds(m
         assert failed.last_error == f"error {attempt}" and failed.lease_expires_at is None
         assert before <= failed.next_retry_at <= after + delay  # full jitter: [0, 2^attempt] s
         step = await last_step(module_pool, held.id)
-        assert step == ("claimed", "pending", "w1", attempt, f"error {attempt}")
+        assert step == ("claimed", "pending", "agent", "w1", attempt, f"error {attempt}")
         await make_retry_due(module_pool, held.id)
         held = await module_store.claim(held.id, "w1", 30)
 
@@ -283,7 +283,7 @@ async def test_fail_at_the_cap_dead_letters_after_backing_off(module_store, modu
     dead = await module_store.fail(held.id, "w1", again.lease_token, "second")
     assert (dead.state, dead.attempt, dead.last_error, dead.owner) == ("failed", 2, "second", "w1")
     assert dead.next_retry_at is None and dead.completed_at is not None
-    assert await last_step(module_pool, held.id) == ("claimed", "failed", "w1", 2, "second")
+    assert await last_step(module_pool, held.id) == ("claimed", "failed", "agent", "w1", 2, "second")
     assert await module_store.claim_next(["q"], "w1", 30) is None
 
 

@@ -66,8 +66,8 @@ async def test_claim_next_hands_out_a_lease_and_records_the_claim(module_store, 
     assert before + timedelta(seconds=90) <= todo.lease_expires_at <= after + timedelta(seconds=90)
     assert await todo_row(module_pool, todo.id) == todo
     assert await history(module_pool, todo.id) == [
-        (None, "pending", "producer", 0, "created"),
-        ("pending", "claimed", "w1", 1, "claimed"),
+        (None, "pending", "producer", "producer", 0, "created"),
+        ("pending", "claimed", "agent", "w1", 1, "claimed"),
     ]
 
 
@@ -132,7 +132,14 @@ async def test_claim_by_id_takes_that_todo_and_records_it(module_store, module_p
     todo = await module_store.claim(wanted.id, "w1", 30)
     assert todo.id == wanted.id
     assert (todo.state, todo.owner, todo.attempt, todo.lease_token) == ("claimed", "w1", 1, 1)
-    assert await last_step(module_pool, wanted.id) == ("pending", "claimed", "w1", 1, "claimed by id")
+    assert await last_step(module_pool, wanted.id) == (
+        "pending",
+        "claimed",
+        "agent",
+        "w1",
+        1,
+        "claimed by id",
+    )
 
 
 async def test_claim_by_id_of_a_todo_assigned_to_me_succeeds(module_store):

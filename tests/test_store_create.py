@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from dashboard.errors import InvalidInput
-from dashboard.models import STATES, NewEvent
+from dashboard.models import STATES, Actor, NewEvent
 from dashboard.store import MAX_BATCH
 from tests.conftest import ONE_DATABASE_PER_MODULE
 from tests.factories import (
@@ -52,7 +52,7 @@ async def test_create_inserts_a_pending_todo_and_records_its_creation(module_sto
             assignee="ann",
             max_attempts=7,
         ),
-        actor="ingest",
+        actor=Actor("producer", "ingest"),
     )
     todo = result.todo
     assert result.created is True
@@ -64,7 +64,7 @@ async def test_create_inserts_a_pending_todo_and_records_its_creation(module_sto
     assert (todo.attempt, todo.lease_token, todo.dedupe_hits) == (0, 0, 0)
     assert todo.next_retry_at is None and todo.lease_expires_at is None
     assert await todo_row(module_pool, todo.id) == todo
-    assert await history(module_pool, todo.id) == [(None, "pending", "ingest", 0, "created")]
+    assert await history(module_pool, todo.id) == [(None, "pending", "producer", "ingest", 0, "created")]
 
 
 async def test_create_with_a_live_key_returns_the_live_todo_and_counts_the_duplicate(
@@ -81,9 +81,9 @@ async def test_create_with_a_live_key_returns_the_live_todo_and_counts_the_dupli
     assert (second.todo.dedupe_hits, third.todo.dedupe_hits) == (1, 2)
     assert await module_pool.fetchval("SELECT count(*) FROM todos") == 1
     assert await history(module_pool, first.todo.id) == [
-        (None, "pending", "producer", 0, "created"),
-        ("pending", "pending", "producer", 0, "duplicate delivery collapsed"),
-        ("pending", "pending", "producer", 0, "duplicate delivery collapsed"),
+        (None, "pending", "producer", "producer", 0, "created"),
+        ("pending", "pending", "producer", "producer", 0, "duplicate delivery collapsed"),
+        ("pending", "pending", "producer", "producer", 0, "duplicate delivery collapsed"),
     ]
 
 
@@ -94,7 +94,7 @@ async def test_a_claimed_todo_still_holds_its_key_against_duplicates(module_stor
     assert again.todo.id == held.id and again.todo.state == "claimed"
     assert again.todo.dedupe_hits == 1
     step = await last_step(module_pool, held.id)
-    assert step == ("claimed", "claimed", "producer", 1, "duplicate delivery collapsed")
+    assert step == ("claimed", "claimed", "producer", "producer", 1, "duplicate delivery collapsed")
 
 
 async def test_a_todo_retrying_after_a_failure_still_holds_its_key(module_store, module_pool):
@@ -150,7 +150,7 @@ async def test_create_many_collapses_in_batch_duplicates_and_answers_in_input_or
         new_todo(title="z3", idempotency_key="z"),
         new_todo(title="a2", idempotency_key="a"),
     ]
-    results = await module_store.create_many(items, actor="batcher")
+    results = await module_store.create_many(items, actor=Actor("producer", "batcher"))
 
     assert [r.created for r in results] == [True, True, True, False, True, False, False]
     assert [r.todo.title for r in results] == ["z1", "plain", "a1", "z1", "m1", "z1", "a1"]
@@ -159,7 +159,7 @@ async def test_create_many_collapses_in_batch_duplicates_and_answers_in_input_or
     assert results[6].todo.id == a.id
     assert (z.dedupe_hits, a.dedupe_hits, results[4].todo.dedupe_hits) == (2, 1, 0)
     assert await module_pool.fetchval("SELECT count(*) FROM todos") == 4
-    assert await history(module_pool, z.id) == [(None, "pending", "batcher", 0, "created")]
+    assert await history(module_pool, z.id) == [(None, "pending", "producer", "batcher", 0, "created")]
 
 
 async def test_create_many_counts_duplicates_of_a_live_todo_from_earlier(module_store, module_pool):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from dashboard.errors import Conflict
+from dashboard.models import Actor
 from tests.conftest import ONE_DATABASE_PER_MODULE
 from tests.factories import (
     claimed,
@@ -71,7 +72,7 @@ async def test_a_lapsed_lease_cannot_act_after_the_todo_was_claimed_again(
 
 async def test_a_lease_taken_back_by_an_operator_and_claimed_again_is_fenced(module_store, module_pool):
     old = await claimed(module_store, owner="agent-a")
-    await module_store.force_release(old.id, "op-ann")
+    await module_store.force_release(old.id, Actor("operator", "op-ann"))
     current = await module_store.claim(old.id, "agent-a", 30)
     with pytest.raises(Conflict, match="is stale"):
         await module_store.complete(old.id, "agent-a", old.lease_token, {"by": "old"})
@@ -82,7 +83,7 @@ async def test_a_lease_taken_back_by_an_operator_and_claimed_again_is_fenced(mod
 
 async def test_the_lease_token_is_never_reused_even_after_an_operator_retry(module_store, module_pool):
     dead = await dead_letter(module_store, module_pool, max_attempts=2)
-    await module_store.retry(dead.id, "op-ann")
+    await module_store.retry(dead.id, Actor("operator", "op-ann"))
     again = await module_store.claim(dead.id, "w1", 30)
     assert again.attempt == 1
     assert again.lease_token == 3
@@ -106,27 +107,27 @@ async def test_a_todos_whole_life_is_in_its_history_one_row_per_transition(modul
     await module_store.promote_due_retries()
     c = await module_store.claim(todo.id, "w3", 30)
     await module_store.fail(todo.id, "w3", c.lease_token, "gave up")
-    await module_store.retry(todo.id, "op-ann")
+    await module_store.retry(todo.id, Actor("operator", "op-ann"))
     d = await module_store.claim(todo.id, "w4", 30)
-    await module_store.force_release(todo.id, "op-bob")
+    await module_store.force_release(todo.id, Actor("operator", "op-bob"))
     e = await module_store.claim(todo.id, "w5", 30)
     await module_store.complete(todo.id, "w5", e.lease_token, {"ok": True})
 
     assert [b.lease_token, c.lease_token, d.lease_token, e.lease_token] == [2, 3, 4, 5]
     assert await history(module_pool, todo.id) == [
-        (None, "pending", "producer", 0, "created"),
-        ("pending", "pending", "producer", 0, "duplicate delivery collapsed"),
-        ("pending", "claimed", "w1", 1, "claimed"),
-        ("claimed", "claimed", "w1", 1, "heartbeat"),
-        ("claimed", "pending", "w1", 1, "released"),
-        ("pending", "claimed", "w2", 2, "claimed by id"),
-        ("claimed", "pending", "reaper", 2, "lease expired (owner w2)"),
-        ("pending", "pending", "reaper", 2, "retry due"),
-        ("pending", "claimed", "w3", 3, "claimed by id"),
-        ("claimed", "failed", "w3", 3, "gave up"),
-        ("failed", "pending", "op-ann", 0, "retried by operator: fresh budget"),
-        ("pending", "claimed", "w4", 1, "claimed by id"),
-        ("claimed", "pending", "op-bob", 1, "lease force-released (was held by w4)"),
-        ("pending", "claimed", "w5", 2, "claimed by id"),
-        ("claimed", "done", "w5", 2, "completed"),
+        (None, "pending", "producer", "producer", 0, "created"),
+        ("pending", "pending", "producer", "producer", 0, "duplicate delivery collapsed"),
+        ("pending", "claimed", "agent", "w1", 1, "claimed"),
+        ("claimed", "claimed", "agent", "w1", 1, "heartbeat"),
+        ("claimed", "pending", "agent", "w1", 1, "released"),
+        ("pending", "claimed", "agent", "w2", 2, "claimed by id"),
+        ("claimed", "pending", "system", "reaper", 2, "lease expired (owner w2)"),
+        ("pending", "pending", "system", "reaper", 2, "retry due"),
+        ("pending", "claimed", "agent", "w3", 3, "claimed by id"),
+        ("claimed", "failed", "agent", "w3", 3, "gave up"),
+        ("failed", "pending", "operator", "op-ann", 0, "retried by operator: fresh budget"),
+        ("pending", "claimed", "agent", "w4", 1, "claimed by id"),
+        ("claimed", "pending", "operator", "op-bob", 1, "lease force-released (was held by w4)"),
+        ("pending", "claimed", "agent", "w5", 2, "claimed by id"),
+        ("claimed", "done", "agent", "w5", 2, "completed"),
     ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from dashboard.errors import Conflict, NotFound
+from dashboard.models import Actor
 from tests.conftest import ONE_DATABASE_PER_MODULE
 from tests.factories import (
     claimed,
@@ -28,11 +29,11 @@ pytestmark = ONE_DATABASE_PER_MODULE
 
 async def test_retry_gives_a_dead_letter_a_fresh_budget_by_default(module_store, module_pool):
     dead = await dead_letter(module_store, module_pool, max_attempts=2)
-    todo = await module_store.retry(dead.id, "op-ann")
+    todo = await module_store.retry(dead.id, Actor("operator", "op-ann"))
     assert (todo.state, todo.attempt, todo.max_attempts) == ("pending", 0, 2)
     assert (todo.owner, todo.completed_at, todo.next_retry_at) == (None, None, None)
     step = await last_step(module_pool, dead.id)
-    assert step == ("failed", "pending", "op-ann", 0, "retried by operator: fresh budget")
+    assert step == ("failed", "pending", "operator", "op-ann", 0, "retried by operator: fresh budget")
     again = await module_store.claim_next(["q"], "w1", 30)
     assert (again.id, again.attempt) == (dead.id, 1)
     assert again.lease_token == 3
@@ -40,10 +41,10 @@ async def test_retry_gives_a_dead_letter_a_fresh_budget_by_default(module_store,
 
 async def test_retry_with_one_more_attempt_raises_the_cap_by_one(module_store, module_pool):
     dead = await dead_letter(module_store, module_pool, max_attempts=2)
-    todo = await module_store.retry(dead.id, "op-ann", one_more=True)
+    todo = await module_store.retry(dead.id, Actor("operator", "op-ann"), one_more=True)
     assert (todo.state, todo.attempt, todo.max_attempts) == ("pending", 2, 3)
     step = await last_step(module_pool, dead.id)
-    assert step == ("failed", "pending", "op-ann", 2, "retried by operator: one more attempt")
+    assert step == ("failed", "pending", "operator", "op-ann", 2, "retried by operator: one more attempt")
 
     held = await module_store.claim(dead.id, "w1", 30)
     assert (await module_store.fail(held.id, "w1", held.lease_token, "again")).state == "failed"
@@ -54,7 +55,7 @@ async def test_retry_is_refused_naming_the_live_todo_that_holds_the_key(module_s
     live = await enqueue(module_store, idempotency_key="k")
     before = await snapshot(module_pool)
     with pytest.raises(Conflict) as exc:
-        await module_store.retry(dead.id, "op-ann")
+        await module_store.retry(dead.id, Actor("operator", "op-ann"))
     assert live.id in str(exc.value) and "'k'" in str(exc.value)
     assert exc.value.current == {"live_todo": live.id}
     assert await snapshot(module_pool) == before
@@ -65,7 +66,9 @@ async def test_retry_many_retries_what_it_can_and_reports_each_refusal(module_st
     blocked = await dead_letter(module_store, module_pool, idempotency_key="k")
     live = await enqueue(module_store, idempotency_key="k")
 
-    report = await module_store.retry_many([d.id for d in dead] + [blocked.id, "td_nope"], "op-ann")
+    report = await module_store.retry_many(
+        [d.id for d in dead] + [blocked.id, "td_nope"], Actor("operator", "op-ann")
+    )
     assert report.retried == [d.id for d in dead]
     assert [todo_id for todo_id, _ in report.refused] == [blocked.id, "td_nope"]
     assert live.id in report.refused[0][1]
@@ -78,11 +81,12 @@ async def test_retry_many_retries_what_it_can_and_reports_each_refusal(module_st
 
 async def test_force_release_takes_a_lease_back_and_records_the_operator(module_store, module_pool):
     held = await claimed(module_store, owner="dead-agent")
-    todo = await module_store.force_release(held.id, "op-ann")
+    todo = await module_store.force_release(held.id, Actor("operator", "op-ann"))
     assert (todo.state, todo.owner, todo.lease_expires_at, todo.attempt) == ("pending", None, None, 1)
     assert await last_step(module_pool, held.id) == (
         "claimed",
         "pending",
+        "operator",
         "op-ann",
         1,
         "lease force-released (was held by dead-agent)",
@@ -94,8 +98,8 @@ async def test_force_release_takes_a_lease_back_and_records_the_operator(module_
 def operator_call(store, action: str, todo_id: str):
     """retry or force-release by an operator."""
     if action == "retry":
-        return store.retry(todo_id, "op-ann")
-    return store.force_release(todo_id, "op-ann")
+        return store.retry(todo_id, Actor("operator", "op-ann"))
+    return store.force_release(todo_id, Actor("operator", "op-ann"))
 
 
 @pytest.mark.parametrize("action", ["retry", "force-release"])

@@ -54,6 +54,7 @@ async def test_reap_puts_an_expired_lease_back_with_a_backoff_and_says_whose_it_
     assert await last_step(module_pool, held.id) == (
         "claimed",
         "pending",
+        "system",
         "reaper",
         1,
         "lease expired (owner ann)",
@@ -70,6 +71,7 @@ async def test_reap_at_the_cap_dead_letters(module_store, module_pool):
     assert await last_step(module_pool, held.id) == (
         "claimed",
         "failed",
+        "system",
         "reaper",
         1,
         "lease expired (owner ann)",
@@ -99,7 +101,7 @@ async def test_reap_never_reopens_a_todo_completed_while_it_ran(module_dsn, modu
     finally:
         await worker.close()
     assert (await todo_row(module_pool, held.id)).state == "done"
-    assert [h[3] for h in await history(module_pool, held.id) if h[2] == "reaper"] == []
+    assert [h.attempt for h in await history(module_pool, held.id) if h.actor_kind == "system"] == []
 
 
 async def test_reap_leaves_done_and_failed_todos_alone(module_store, module_pool):
@@ -122,7 +124,7 @@ async def test_promote_due_retries_clears_only_due_retry_times(module_store, mod
     assert await module_store.promote_due_retries() == 1
     assert (await todo_row(module_pool, due.id)).next_retry_at is None
     assert (await todo_row(module_pool, later.id)).next_retry_at is not None
-    assert await last_step(module_pool, due.id) == ("pending", "pending", "reaper", 1, "retry due")
+    assert await last_step(module_pool, due.id) == ("pending", "pending", "system", "reaper", 1, "retry due")
     assert await module_store.promote_due_retries() == 0
 
 

@@ -203,8 +203,8 @@ async def test_the_command_worker_completes_todos_with_the_commands_stdout_as_th
         assert row.result == {"seen": todo_id, "doubled": n * 2, "lease": row.lease_token}
         assert (row.owner, row.attempt) == ("cmd-echo", 1)
         assert (await transitions(live_conn, todo_id))[1:] == [
-            ("pending", "claimed", "cmd-echo", 1, "claimed"),
-            ("claimed", "done", "cmd-echo", 1, "completed"),
+            ("pending", "claimed", "agent", "cmd-echo", 1, "claimed"),
+            ("claimed", "done", "agent", "cmd-echo", 1, "completed"),
         ]
     assert stop(worker) == 0, spawner.log(worker)  # SIGTERM while waiting for work: a clean exit
 
@@ -236,12 +236,12 @@ async def test_a_failing_command_is_retried_then_dead_lettered_with_its_exit_sta
     assert final.attempt == 2 and final.completed_at is not None
     assert final.last_error.startswith("exit status 3: ")
     assert "boom: the disk is full" in final.last_error
-    steps = [(f, t, a, n) for f, t, a, n, _ in await transitions(live_conn, todo_id)]
+    steps = [(f, t, k, a, n) for f, t, k, a, n, _ in await transitions(live_conn, todo_id)]
     assert steps[1:] == [
-        ("pending", "claimed", "cmd-fail", 1),
-        ("claimed", "pending", "cmd-fail", 1),
-        ("pending", "claimed", "cmd-fail", 2),
-        ("claimed", "failed", "cmd-fail", 2),
+        ("pending", "claimed", "agent", "cmd-fail", 1),
+        ("claimed", "pending", "agent", "cmd-fail", 1),
+        ("pending", "claimed", "agent", "cmd-fail", 2),
+        ("claimed", "failed", "agent", "cmd-fail", 2),
     ]
     assert worker.poll() is None, "the worker keeps going after a failed command"
 
@@ -282,10 +282,10 @@ async def test_a_killed_command_worker_lets_its_lease_lapse_and_a_second_worker_
         {"finished_by_second_worker": 2},
     )
     assert (await transitions(live_conn, todo_id))[1:] == [
-        ("pending", "claimed", "cmd-first", 1, "claimed"),
-        ("claimed", "pending", "reaper", 1, "lease expired (owner cmd-first)"),
-        ("pending", "claimed", "cmd-second", 2, "claimed"),
-        ("claimed", "done", "cmd-second", 2, "completed"),
+        ("pending", "claimed", "agent", "cmd-first", 1, "claimed"),
+        ("claimed", "pending", "system", "reaper", 1, "lease expired (owner cmd-first)"),
+        ("pending", "claimed", "agent", "cmd-second", 2, "claimed"),
+        ("claimed", "done", "agent", "cmd-second", 2, "completed"),
     ]
 
 
@@ -347,7 +347,14 @@ async def test_sigterm_kills_a_command_that_outlives_the_grace_period_and_releas
     assert took is not None and took < COMMAND_GRACE + 3, "the worker did not stop after its grace"
     row = await todo_row(live_conn, todo_id)
     assert (row.state, row.owner, row.attempt) == ("pending", None, 1)
-    assert (await transitions(live_conn, todo_id))[-1] == ("claimed", "pending", "cmd-term", 1, "released")
+    assert (await transitions(live_conn, todo_id))[-1] == (
+        "claimed",
+        "pending",
+        "agent",
+        "cmd-term",
+        1,
+        "released",
+    )
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
 
 
@@ -420,10 +427,10 @@ async def test_a_killed_db_worker_leaves_its_todo_to_the_reaper_and_another_work
     row = await until(done, "the second worker to complete it", proc=second, spawner=spawner)
     assert (row.owner, row.attempt, row.result) == ("py-second", 2, {"handled_by": "py-second"})
     assert (await transitions(conn, todo_id))[1:] == [
-        ("pending", "claimed", "py-first", 1, "claimed"),
-        ("claimed", "pending", "reaper", 1, "lease expired (owner py-first)"),
-        ("pending", "claimed", "py-second", 2, "claimed"),
-        ("claimed", "done", "py-second", 2, "completed"),
+        ("pending", "claimed", "agent", "py-first", 1, "claimed"),
+        ("claimed", "pending", "system", "reaper", 1, "lease expired (owner py-first)"),
+        ("pending", "claimed", "agent", "py-second", 2, "claimed"),
+        ("claimed", "done", "agent", "py-second", 2, "completed"),
     ]
     assert stop(second) == 0, spawner.log(second)
 
@@ -471,6 +478,13 @@ async def test_sigterm_releases_what_a_slow_handler_holds_once_the_grace_period_
     assert took is not None and took < 5, "the worker did not stop within its grace period"
     first, second = await todo_row(conn, first_id), await todo_row(conn, second_id)
     assert (first.state, first.owner, first.attempt) == ("pending", None, 1)
-    assert (await transitions(conn, first_id))[-1] == ("claimed", "pending", "py-term", 1, "released")
+    assert (await transitions(conn, first_id))[-1] == (
+        "claimed",
+        "pending",
+        "agent",
+        "py-term",
+        1,
+        "released",
+    )
     assert (second.state, second.attempt) == ("pending", 0)
     assert await conn.fetchval("SELECT count(*) FROM todos WHERE state = 'claimed'") == 0

@@ -1,6 +1,7 @@
 """Dashboard form actions (POST, operators only). Each goes through the same Store the
-agents use, with `operator:<name>` as the actor, and answers with `after_action`: the
-re-rendered partial for htmx, a redirect with a flash message for a plain form."""
+agents use, recorded as the logged-in operator (`Actor("operator", name)`), and answers
+with `after_action`: the re-rendered partial for htmx, a redirect with a flash message
+for a plain form."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from litestar.response import Redirect, Template
 
 from dashboard.accounts import Accounts
 from dashboard.errors import InvalidInput
-from dashboard.models import DEFAULT_MAX_ATTEMPTS, NewTodo
+from dashboard.models import DEFAULT_MAX_ATTEMPTS, Actor, NewTodo
 from dashboard.reads import Reads
 from dashboard.store import Store
 from dashboard.web.auth import operators_only
@@ -23,7 +24,12 @@ from dashboard.web.responses import after_action, page, redirect, render
 CREATE_FIELDS = ("queue", "title", "kind", "payload", "assignee", "idempotency_key", "max_attempts")
 
 
-def actor(request: Request) -> str:
+def actor(request: Request) -> Actor:
+    return Actor("operator", request.scope["operator"].name)
+
+
+def signed(request: Request) -> str:
+    """The operator as api_tokens' created_by / revoked_by text records it."""
     return f"operator:{request.scope['operator'].name}"
 
 
@@ -148,7 +154,7 @@ async def add_token(request: Request, accounts: NamedDependency[Accounts]) -> Te
     queues = [q.strip() for q in form.get("queues", "").split(",") if q.strip()]
     error, secret = None, None
     try:
-        _, secret = await accounts.add_token(form.get("agent", "").strip(), queues, actor=actor(request))
+        _, secret = await accounts.add_token(form.get("agent", "").strip(), queues, actor=signed(request))
     except InvalidInput as exc:
         error = str(exc)
     return page(request, "tokens.html", tokens=await accounts.list_tokens(), new_secret=secret, error=error)
@@ -158,7 +164,7 @@ async def add_token(request: Request, accounts: NamedDependency[Accounts]) -> Te
 async def revoke_token(
     request: Request, accounts: NamedDependency[Accounts], token_id: FromPath[str]
 ) -> Redirect:
-    await accounts.revoke_token(token_id, actor=actor(request))
+    await accounts.revoke_token(token_id, actor=signed(request))
     return redirect(request, "/tokens", f"token {token_id} revoked")
 
 

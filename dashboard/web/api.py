@@ -15,7 +15,7 @@ from litestar.response import ServerSentEvent
 from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED, HTTP_204_NO_CONTENT
 
 from dashboard.accounts import Agent
-from dashboard.models import NewTodo, check_queues
+from dashboard.models import Actor, NewTodo, check_queues
 from dashboard.notify import Hub
 from dashboard.reads import LIST_STATES, MAX_PAGE, Reads, TodoFilter
 from dashboard.store import Store
@@ -41,10 +41,6 @@ from dashboard.web.schemas import (
 )
 
 
-def agent_actor(agent: Agent) -> str:
-    return f"agent:{agent.name}"
-
-
 @post(
     "/todos",
     status_code=HTTP_201_CREATED,
@@ -59,7 +55,7 @@ def agent_actor(agent: Agent) -> str:
 async def create_todo(
     data: JSONBody[NewTodo], agent: NamedDependency[Agent], store: NamedDependency[Store]
 ) -> Response[CreatedOut]:
-    created = await store.create(data, actor=agent_actor(agent), scope=agent.scope)
+    created = await store.create(data, actor=Actor("agent", agent.name), scope=agent.scope)
     return Response(CreatedOut.of(created), status_code=HTTP_201_CREATED if created.created else HTTP_200_OK)
 
 
@@ -69,7 +65,7 @@ async def create_todo(
 async def create_batch(
     data: JSONBody[BatchIn], agent: NamedDependency[Agent], store: NamedDependency[Store]
 ) -> BatchOut:
-    results = await store.create_many(data.todos, actor=agent_actor(agent), scope=agent.scope)
+    results = await store.create_many(data.todos, actor=Actor("agent", agent.name), scope=agent.scope)
     return BatchOut(results=[CreatedOut.of(c) for c in results])
 
 

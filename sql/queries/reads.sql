@@ -63,7 +63,7 @@ SELECT count(*) FROM todos WHERE state = 'claimed';
 SELECT *, now() AS read_at FROM todos WHERE id = :id;
 
 -- name: history
-SELECT at, from_state, to_state, actor, attempt, note
+SELECT at, from_state, to_state, actor_kind, actor, attempt, note
 FROM todo_history WHERE todo_id = :id ORDER BY id;
 
 -- name: event

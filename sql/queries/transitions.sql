@@ -4,6 +4,9 @@
 -- classifies the miss (classify_miss) as NotFound or Conflict.
 -- Leases are written with clock_timestamp(): a statement may wait on a row lock first.
 -- Parameters are named (:owner); dashboard/queries.py numbers them for asyncpg.
+-- History rows record who moved the todo as a kind and a bare name (DESIGN.md, "Actors"):
+-- a statement on a held todo writes ('agent', :owner), the reaper's ('system', 'reaper');
+-- create, retry and force-release write the caller's (:actor_kind, :actor).
 
 -- name: create_todos
 -- Insert todos, or count the collapsed delivery on the live todo that holds the same
@@ -27,10 +30,10 @@ WITH upserted AS (
                       updated_at = now()
     RETURNING t.*
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
     SELECT id,
            CASE WHEN id = ANY (:ids::text[]) THEN NULL ELSE state END,
-           state, :actor, attempt,
+           state, :actor_kind, :actor, attempt,
            CASE WHEN id = ANY (:ids::text[]) THEN 'created' ELSE 'duplicate delivery collapsed' END
     FROM upserted
 )
@@ -63,8 +66,8 @@ WITH picked AS (
     WHERE t.id = ANY (ARRAY (SELECT id FROM picked))
     RETURNING t.*
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
-    SELECT id, 'pending', 'claimed', :owner, attempt, 'claimed' FROM claimed
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
+    SELECT id, 'pending', 'claimed', 'agent', :owner, attempt, 'claimed' FROM claimed
 )
 SELECT * FROM claimed ORDER BY created_at;
 
@@ -80,8 +83,8 @@ WITH completed AS (
       AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
     RETURNING *
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
-    SELECT id, 'claimed', 'done', :owner, attempt, 'completed' FROM completed
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
+    SELECT id, 'claimed', 'done', 'agent', :owner, attempt, 'completed' FROM completed
 )
 SELECT * FROM completed;
 
@@ -101,8 +104,8 @@ WITH items AS (
       AND (:scope::text[] IS NULL OR t.queue = ANY (:scope::text[]))
     RETURNING t.*
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
-    SELECT id, 'claimed', 'done', :owner, attempt, 'completed' FROM completed
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
+    SELECT id, 'claimed', 'done', 'agent', :owner, attempt, 'completed' FROM completed
 )
 SELECT * FROM completed;
 
@@ -136,11 +139,11 @@ WITH completed AS (
     WHERE t.id = ANY (ARRAY (SELECT id FROM picked))
     RETURNING t.*
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
-    SELECT id, 'claimed'::todo_state, 'done'::todo_state, :owner, attempt, 'completed'
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
+    SELECT id, 'claimed'::todo_state, 'done'::todo_state, 'agent', :owner, attempt, 'completed'
     FROM completed
     UNION ALL
-    SELECT id, 'pending', 'claimed', :owner, attempt, 'claimed' FROM claimed
+    SELECT id, 'pending', 'claimed', 'agent', :owner, attempt, 'claimed' FROM claimed
 )
 SELECT 'completed' AS part, * FROM completed
 UNION ALL
@@ -162,8 +165,8 @@ WITH claimed AS (
       AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
     RETURNING *
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
-    SELECT id, 'pending', 'claimed', :owner, attempt, 'claimed by id' FROM claimed
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
+    SELECT id, 'pending', 'claimed', 'agent', :owner, attempt, 'claimed by id' FROM claimed
 )
 SELECT * FROM claimed;
 
@@ -178,8 +181,8 @@ WITH beat AS (
       AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
     RETURNING *
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
-    SELECT id, 'claimed', 'claimed', :owner, attempt, 'heartbeat' FROM beat
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
+    SELECT id, 'claimed', 'claimed', 'agent', :owner, attempt, 'heartbeat' FROM beat
 )
 SELECT * FROM beat;
 
@@ -193,8 +196,8 @@ WITH released AS (
       AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
     RETURNING *
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
-    SELECT id, 'claimed', 'pending', :owner, attempt, 'released' FROM released
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
+    SELECT id, 'claimed', 'pending', 'agent', :owner, attempt, 'released' FROM released
 )
 SELECT * FROM released;
 
@@ -214,8 +217,8 @@ WITH failed AS (
       AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
     RETURNING *
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
-    SELECT id, 'claimed', state, :owner, attempt, :error FROM failed
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
+    SELECT id, 'claimed', state, 'agent', :owner, attempt, :error FROM failed
 )
 SELECT * FROM failed;
 
@@ -242,8 +245,8 @@ WITH expired AS (
       AND t.state = 'claimed' AND t.lease_expires_at < now()
     RETURNING t.*
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
-    SELECT id, 'claimed', state, 'reaper', attempt, last_error FROM reaped
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
+    SELECT id, 'claimed', state, 'system', 'reaper', attempt, last_error FROM reaped
 )
 SELECT * FROM reaped;
 
@@ -261,13 +264,13 @@ WITH due AS (
     WHERE t.id = ANY (ARRAY (SELECT id FROM due)) AND t.state = 'pending'
     RETURNING t.*
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
-    SELECT id, 'pending', 'pending', 'reaper', attempt, 'retry due' FROM promoted
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
+    SELECT id, 'pending', 'pending', 'system', 'reaper', attempt, 'retry due' FROM promoted
 )
 SELECT count(*) FROM promoted;
 
 -- name: retry
--- Operator :actor retries dead-lettered todo :id: a fresh budget (attempt 0) unless
+-- Operator (:actor_kind, :actor) retries dead-lettered todo :id: a fresh budget (attempt 0) unless
 -- :one_more (one more attempt: max_attempts raised by one). Raises unique_violation when
 -- a live todo already holds the key; the store turns that into a Conflict naming it.
 WITH retried AS (
@@ -279,8 +282,8 @@ WITH retried AS (
     WHERE id = :id AND state = 'failed'
     RETURNING *
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
-    SELECT id, 'failed', 'pending', :actor, attempt,
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
+    SELECT id, 'failed', 'pending', :actor_kind, :actor, attempt,
            CASE WHEN :one_more THEN 'retried by operator: one more attempt'
                 ELSE 'retried by operator: fresh budget' END
     FROM retried
@@ -288,7 +291,7 @@ WITH retried AS (
 SELECT * FROM retried;
 
 -- name: force_release
--- Operator :actor takes back the lease on todo :id (a dead agent still holds it).
+-- Operator (:actor_kind, :actor) takes back the lease on todo :id (a dead agent still holds it).
 WITH released AS (
     SELECT id, owner FROM todos WHERE id = :id AND state = 'claimed' FOR UPDATE
 ), updated AS (
@@ -298,8 +301,8 @@ WITH released AS (
     FROM released WHERE t.id = released.id
     RETURNING t.*
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
-    SELECT u.id, 'claimed', 'pending', :actor, u.attempt,
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
+    SELECT u.id, 'claimed', 'pending', :actor_kind, :actor, u.attempt,
            'lease force-released (was held by ' || r.owner || ')'
     FROM updated u JOIN released r USING (id)
 )
