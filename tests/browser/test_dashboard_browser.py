@@ -234,6 +234,33 @@ def test_a_lease_is_force_released_from_the_leases_page(
     assert csp_violations(console) == [], "\n".join(console)
 
 
+def test_the_todo_page_labels_every_history_row_with_the_kind_of_actor_before_its_name(
+    logged_in, console, live_db, queue, shot, operator_account
+):
+    page = logged_in
+    # An agent whose name looks like an operator's (claims take any owner text; agent
+    # tokens will refuse ':' in names, old rows keep them): its label still says agent.
+    held = live_db.claimed(queue, "look-alike", owner="operator:admin", ttl=600)
+    confirmations(page)
+    page.goto(f"/todos/{held.id}")
+    with page.expect_response(posted(f"/todos/{held.id}/release")) as answer:
+        page.get_by_role("button", name="Force-release lease").click()
+    assert answer.value.status == 200, answer.value.text()
+
+    actors = page.locator("#todo .timeline .actor")
+    expect(actors).to_have_text(
+        ["producer producer", "agent operator:admin", f"operator {operator_account[0]}"]
+    )
+    expect(page.locator("#todo .timeline .actor-kind")).to_have_text(["producer", "agent", "operator"])
+    # the label is a styled tag, and an operator's stands out from an agent's
+    kinds = page.locator("#todo .timeline .actor-kind")
+    assert kinds.nth(0).evaluate("e => getComputedStyle(e).borderRadius") != "0px"
+    colour = "e => getComputedStyle(e).color"
+    assert kinds.nth(2).evaluate(colour) != kinds.nth(1).evaluate(colour)
+    shot()
+    assert csp_violations(console) == [], "\n".join(console)
+
+
 def test_markup_in_a_title_and_payload_is_shown_as_text_and_never_runs(
     logged_in, console, live_db, queue, shot
 ):

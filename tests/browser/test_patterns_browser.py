@@ -16,7 +16,11 @@ def test_the_patterns_page_shows_every_ui_piece_without_a_csp_violation(logged_i
     expect(page.locator(".badge.retrying")).to_contain_text("retrying in")
     expect(page.locator(".flash.error")).to_have_count(2)  # the error flash and the error banner
     expect(page.locator(".field-error")).to_have_count(2)
-    expect(page.locator(".timeline li")).to_have_count(5)
+    expect(page.locator(".timeline li")).to_have_count(7)
+    expect(page.locator(".timeline .actor")).to_have_text(
+        ["producer cli", "agent mailer-1", "system reaper", "agent mailer-1", "operator admin"]
+        + ["agent mailer-2"] * 2
+    )
     # the stylesheet applies: a badge is not an unstyled inline span
     assert page.locator(".badge.failed").first.evaluate("e => getComputedStyle(e).borderRadius") != "0px"
     shot()
