@@ -176,3 +176,68 @@ async def test_a_failing_migration_is_rolled_back_and_not_recorded(empty_conn, t
 
     (directory / "9001_broken.sql").write_text("CREATE TABLE half_done (x int);\n")
     assert await apply_migrations(empty_conn, directory) == ["9001_broken.sql"]
+
+
+# -- 0004: the actor kind, backfilled from what old rows recorded --------------------------
+
+# (from, to, actor, note) as rows were written before 0004 → (actor_kind, actor) after.
+OLD_HISTORY = [
+    ((None, "pending", "operator:olga", "created"), ("operator", "olga")),
+    (("pending", "pending", "operator:olga", "duplicate delivery collapsed"), ("operator", "olga")),
+    ((None, "pending", "agent:mailer-1", "created"), ("agent", "mailer-1")),
+    (("claimed", "claimed", "agent:mailer-1", "duplicate delivery collapsed"), ("agent", "mailer-1")),
+    ((None, "pending", "producer", "created"), ("producer", "producer")),
+    ((None, "pending", "cli", "created"), ("producer", "cli")),
+    (("pending", "claimed", "mailer-1", "claimed"), ("agent", "mailer-1")),
+    (("claimed", "claimed", "mailer-1", "heartbeat"), ("agent", "mailer-1")),
+    (("claimed", "pending", "reaper", "lease expired (owner mailer-1)"), ("system", "reaper")),
+    (("claimed", "failed", "reaper", "lease expired (owner mailer-1)"), ("system", "reaper")),
+    (("pending", "pending", "reaper", "retry due"), ("system", "reaper")),
+    (("failed", "pending", "operator:olga", "retried by operator: fresh budget"), ("operator", "olga")),
+    (("failed", "pending", "op-ann", "retried by operator: one more attempt"), ("operator", "op-ann")),
+    ((None, "pending", "ingest", "created"), ("producer", "ingest")),
+    (("claimed", "pending", "operator:olga", "lease force-released (was held by w1)"), ("operator", "olga")),
+    # Agents whose owner names look like another kind's stay agents, names untouched.
+    (("pending", "claimed", "operator:admin", "claimed by id"), ("agent", "operator:admin")),
+    (("claimed", "pending", "operator:admin", "released"), ("agent", "operator:admin")),
+    (("claimed", "done", "operator:admin", "completed"), ("agent", "operator:admin")),
+    (
+        ("claimed", "pending", "operator:admin", "retried by operator: fresh budget"),
+        ("agent", "operator:admin"),
+    ),
+    (("pending", "claimed", "agent:mailer-1", "claimed"), ("agent", "agent:mailer-1")),
+    (("pending", "claimed", "reaper", "claimed"), ("agent", "reaper")),
+    (("claimed", "done", "producer", "completed"), ("agent", "producer")),
+]
+
+
+async def test_0004_backfills_each_old_actor_form_into_its_kind_and_bare_name(empty_conn, tmp_path):
+    before_0004 = tmp_path / "migrations"
+    before_0004.mkdir()
+    for name in ALL:
+        if int(name.split("_", 1)[0]) < 4:
+            shutil.copy(MIGRATIONS_DIR / name, before_0004 / name)
+    assert await apply_migrations(empty_conn, before_0004) == [n for n in ALL if n < "0004"]
+    await empty_conn.execute("INSERT INTO todos (id, queue, title) VALUES ('td_old', 'q', 'old')")
+    await empty_conn.executemany(
+        "INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note) "
+        "VALUES ('td_old', $1, $2, $3, 0, $4)",
+        [old for old, _ in OLD_HISTORY],
+    )
+
+    assert "0004_actor_kind.sql" in await apply_migrations(empty_conn)
+
+    rows = await empty_conn.fetch("SELECT actor_kind, actor FROM todo_history ORDER BY id")
+    got = [(old, tuple(r)) for (old, _), r in zip(OLD_HISTORY, rows, strict=True)]
+    assert got == OLD_HISTORY
+    # From here on every insert names its kind, and only the four kinds exist.
+    with pytest.raises(asyncpg.NotNullViolationError):
+        await empty_conn.execute(
+            "INSERT INTO todo_history (todo_id, to_state, actor, attempt) "
+            "VALUES ('td_old', 'pending', 'x', 0)"
+        )
+    with pytest.raises(asyncpg.CheckViolationError):
+        await empty_conn.execute(
+            "INSERT INTO todo_history (todo_id, to_state, actor_kind, actor, attempt) "
+            "VALUES ('td_old', 'pending', 'admin', 'x', 0)"
+        )
