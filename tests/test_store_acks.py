@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 
 from dashboard.errors import Conflict, InvalidInput, NotFound
+from dashboard.models import Actor
 from tests.conftest import ONE_DATABASE_PER_MODULE
 from tests.factories import (
     claimed,
@@ -305,3 +306,42 @@ async def test_fail_without_an_error_text_is_invalid(module_store, module_pool):
             await module_store.fail(held.id, "w1", held.lease_token, error)
         assert exc.value.field == "error"
     assert await todo_row(module_pool, held.id) == held
+
+
+# -- who the history says moved it ------------------------------------------------------
+
+
+async def test_every_row_a_lease_holder_writes_is_kind_agent_whatever_its_name_looks_like(
+    module_store, module_pool
+):
+    owner = "operator:admin"  # an owner is any text; only its kind column says who it is
+    first = await enqueue(module_store, max_attempts=1)
+    second = await enqueue(module_store)
+    third = await enqueue(module_store)
+    [held] = await module_store.claim_batch(["q"], owner, 30, 1)
+    held = await module_store.heartbeat(held.id, owner, held.lease_token, 30)
+    await module_store.fail(held.id, owner, held.lease_token, "lease force-released (was held by x)")
+    held = await module_store.claim(second.id, owner, 30)
+    held = await module_store.release(held.id, owner, held.lease_token)
+    held = await module_store.claim_next(["q"], owner, 30)
+    _, nxt = await module_store.complete_and_claim_next(held.id, owner, held.lease_token, None, ["q"], 30)
+    await module_store.complete_many(owner, [(nxt.id, nxt.lease_token, None)])
+
+    written = [step for todo in (first, second, third) for step in await history(module_pool, todo.id)]
+    assert {(s.actor_kind, s.actor) for s in written if s.note != "created"} == {("agent", owner)}
+    assert len(written) == 3 + 9
+
+
+async def test_a_plain_string_is_not_an_actor(module_store, module_pool):
+    dead = await claimed(module_store)
+    for call in (
+        lambda: module_store.create(new_todo(), actor="operator:admin"),
+        lambda: module_store.force_release(dead.id, "operator:admin"),
+        lambda: module_store.retry(dead.id, Actor("admin", "x")),
+        lambda: module_store.force_release(dead.id, Actor("operator", "")),
+    ):
+        with pytest.raises(InvalidInput) as exc:
+            await call()
+        assert exc.value.field == "actor"
+    assert await todo_row(module_pool, dead.id) == dead
+    assert await module_pool.fetchval("SELECT count(*) FROM todos") == 1

@@ -1,16 +1,18 @@
 """Creating todos through Store: create, idempotency keys, create_many, inline events.
 
-History is checked row by row: (from, to, actor, attempt, note).
+History is checked row by row: (from, to, actor kind, actor, attempt, note).
 
 The module's tests share one database, emptied before each test (fresh_module_db).
 """
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from dashboard.errors import InvalidInput
-from dashboard.models import STATES, Actor, NewEvent
+from dashboard.models import ACTOR_KINDS, STATES, Actor, NewEvent
 from dashboard.store import MAX_BATCH
 from tests.conftest import ONE_DATABASE_PER_MODULE
 from tests.factories import (
@@ -35,6 +37,13 @@ async def test_python_states_equal_the_todo_state_enum_in_the_database(module_po
         "WHERE enumtypid = 'todo_state'::regtype"
     )
     assert tuple(labels) == STATES
+
+
+async def test_python_actor_kinds_equal_the_history_check_in_the_database(module_pool):
+    check = await module_pool.fetchval(
+        "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'actor_kind_known'"
+    )
+    assert tuple(re.findall(r"'(\w+)'::text", check)) == ACTOR_KINDS
 
 
 # -- create ----------------------------------------------------------------------------

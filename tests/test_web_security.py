@@ -9,9 +9,11 @@ import re
 
 from dashboard.accounts import Accounts
 from tests.factories import (
+    agent_token,
     claimed,
     dead_letter,
     enqueue,
+    history,
     login,
     snapshot,
 )
@@ -329,3 +331,52 @@ async def test_the_created_flash_escapes_the_title(client, pool):
     page = await client.get("/queues/mail")
     assert XSS_TITLE in flash_of(page.text)
     assert "<script>alert" not in page.text
+
+
+# -- actors: an agent's rows say agent, an operator's say operator --------------------------------
+
+
+async def test_an_agent_token_only_ever_writes_agent_rows_and_an_operators_retry_writes_an_operator_row(
+    client, pool
+):
+    csrf = await login(client, pool, "olga")
+    mallory = await agent_token(pool, "mallory", ["mail"])
+    api = "/api/v1"
+
+    async def call(path: str, body: dict, status: int = 200) -> dict:
+        response = await client.post(f"{api}{path}", headers=mallory, json=body)
+        assert response.status_code == status, response.text
+        return response.json()
+
+    doomed = (await call("/todos", {"queue": "mail", "title": "doomed", "max_attempts": 1}, 201))["todo"]
+    batch = await call(
+        "/todos/batch", {"todos": [{"queue": "mail", "title": "a"}, {"queue": "mail", "title": "b"}]}
+    )
+    [a, b] = [r["todo"] for r in batch["results"]]
+    held = await call("/claims", {"queues": ["mail"], "ttl": 30})
+    assert held["id"] == doomed["id"]
+    await call(f"/todos/{held['id']}/heartbeat", {"lease": held["lease"], "ttl": 30})
+    await call(
+        f"/todos/{held['id']}/fail", {"lease": held["lease"], "error": "retried by operator: fresh budget"}
+    )
+    held = await call(f"/todos/{a['id']}/claim", {"ttl": 30})
+    await call(f"/todos/{a['id']}/release", {"lease": held["lease"]})
+    held = await call("/claims", {"queues": ["mail"], "ttl": 30})
+    done = await call(
+        f"/todos/{held['id']}/complete", {"lease": held["lease"], "next": {"queues": ["mail"], "ttl": 30}}
+    )
+    await call(f"/todos/{done['next']['id']}/complete", {"lease": done["next"]["lease"]})
+
+    ids = [doomed["id"], a["id"], b["id"]]
+    rows = [step for todo_id in ids for step in await history(pool, todo_id)]
+    assert len(rows) == 3 + 9
+    assert {(r.actor_kind, r.actor) for r in rows} == {("agent", "mallory")}
+
+    response = await post(client, f"/todos/{doomed['id']}/retry", csrf, {"budget": "fresh"})
+    assert response.status_code == 303, response.text
+    steps = await history(pool, doomed["id"])
+    assert steps[-1] == ("failed", "pending", "operator", "olga", 0, "retried by operator: fresh budget")
+    assert [s for s in steps if s.actor_kind == "operator"] == steps[-1:]
+    detail = await client.get(f"{api}/todos/{doomed['id']}", headers=mallory)
+    said = [(h["actor_kind"], h["actor"]) for h in detail.json()["history"]]
+    assert said == [("agent", "mallory")] * 4 + [("operator", "olga")]
