@@ -7,14 +7,15 @@ import json
 import re
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, get_args
 
 import msgspec
 
 from dashboard.errors import InvalidInput, NotFound, OutOfScope, TooLarge
 
 STATES = ("pending", "claimed", "done", "failed")
-ACTOR_KINDS = ("agent", "operator", "producer", "system")
+ActorKind = Literal["agent", "operator", "producer", "system"]  # 0004_actor_kind.sql's CHECK
+ACTOR_KINDS: tuple[str, ...] = get_args(ActorKind)
 QUEUE_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")  # always fullmatch
 TTL_MIN, TTL_MAX = 1, 12 * 3600
 MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX = 1, 100
@@ -68,7 +69,7 @@ class Actor(msgspec.Struct, frozen=True):
     name within that kind. The two are stored apart, so no name can pass for another
     kind's: an agent called "operator:admin" is still an agent (DESIGN.md, "Actors")."""
 
-    kind: str
+    kind: ActorKind
     name: str
 
 

@@ -16,7 +16,7 @@ import msgspec
 
 from dashboard.db import transaction
 from dashboard.errors import InvalidInput, NotFound
-from dashboard.models import STATES, Scope, Todo, check_id, check_queue, check_text
+from dashboard.models import STATES, ActorKind, Scope, Todo, check_id, check_queue, check_text
 from dashboard.queries import READS as SQL
 
 # A list filter's state: the four states, plus the two faces of pending.
@@ -81,7 +81,7 @@ class HistoryEntry(msgspec.Struct, kw_only=True):
     at: datetime
     from_state: str | None
     to_state: str
-    actor_kind: str  # agent, operator, producer or system: who `actor` names
+    actor_kind: ActorKind  # what kind of party `actor` names
     actor: str
     attempt: int
     note: str | None

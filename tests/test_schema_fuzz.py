@@ -37,6 +37,7 @@ from schemathesis.specs.openapi.checks import (
 
 from dashboard import db as dbmod
 from dashboard.accounts import Accounts
+from dashboard.models import ACTOR_KINDS
 from dashboard.store import Store
 from tests.conftest import run
 from tests.factories import enqueue
@@ -174,6 +175,9 @@ def test_the_openapi_schema_is_served(live_server, fuzz_setup):
     assert response.status_code == 200, response.text
     paths = response.json()["paths"]
     assert {"/api/v1/claims", "/api/v1/todos", "/api/v1/todos/{todo_id}/complete"} <= set(paths)
+    entry = response.json()["components"]["schemas"]["HistoryEntry"]
+    assert {"actor_kind", "actor"} <= set(entry["required"])
+    assert entry["properties"]["actor_kind"]["enum"] == list(ACTOR_KINDS)
 
 
 def test_the_fuzz_run_reached_every_operation_and_got_past_validation(fuzz_run):
