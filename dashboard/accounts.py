@@ -1,11 +1,14 @@
 """Operators (browser logins), agent API tokens, and the shared web secrets.
 
-Passwords are hashed with scrypt from the standard library; API tokens are random
-256-bit secrets, so a SHA-256 of them is enough to look them up and nothing else is kept.
+Passwords are hashed with scrypt from the standard library, in a worker thread and a
+few at a time, so a flood of logins costs the event loop (claims, heartbeats) nothing.
+API tokens and session ids are random 256-bit secrets, so a SHA-256 of them is enough to
+look them up and nothing else is kept. Agent and operator names share one namespace.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -16,15 +19,17 @@ from datetime import datetime
 import asyncpg
 import msgspec
 
+from dashboard.db import connection
 from dashboard.errors import Conflict, InvalidInput, NotFound
 from dashboard.models import Scope, check_queue
 from dashboard.queries import ACCOUNTS as SQL
 
 ROLES = ("viewer", "operator")
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,62}$")
-AGENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,62}$")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,62}$")  # operators and agents alike
 TOKEN_PREFIX = "sbt_"
-_SCRYPT = {"n": 2**14, "r": 8, "p": 1}
+SCRYPT = {"n": 2**17, "r": 8, "p": 1}  # OWASP's current guidance: 128 MiB and ~0.3 s a hash
+_MAXMEM = 2 * 128 * SCRYPT["r"] * SCRYPT["n"]
+_HASHING = asyncio.Semaphore(2)  # at most this many hashes at once (each takes 128 MiB)
 
 
 class Operator(msgspec.Struct, frozen=True):
@@ -55,25 +60,53 @@ class Token(msgspec.Struct, kw_only=True):
     revoked_by: str | None
 
 
-def hash_password(password: str) -> str:
+def _scrypt(password: str, salt: bytes, n: int, r: int, p: int) -> bytes:
+    return hashlib.scrypt(password.encode(), salt=salt, n=n, r=r, p=p, maxmem=max(_MAXMEM, 256 * r * n))
+
+
+def _hash(password: str) -> str:
     salt = secrets.token_bytes(16)
-    digest = hashlib.scrypt(password.encode(), salt=salt, **_SCRYPT)
+    digest = _scrypt(password, salt, **SCRYPT)
     b64 = base64.b64encode
-    return f"scrypt${_SCRYPT['n']}${_SCRYPT['r']}${_SCRYPT['p']}${b64(salt).decode()}${b64(digest).decode()}"
+    return f"scrypt${SCRYPT['n']}${SCRYPT['r']}${SCRYPT['p']}${b64(salt).decode()}${b64(digest).decode()}"
 
 
-def check_password(password: str, stored: str) -> bool:
+def _check(password: str, stored: str) -> bool:
     try:
         _, n, r, p, salt, digest = stored.split("$")
         expected = base64.b64decode(digest)
-        actual = hashlib.scrypt(password.encode(), salt=base64.b64decode(salt), n=int(n), r=int(r), p=int(p))
+        actual = _scrypt(password, base64.b64decode(salt), int(n), int(r), int(p))
     except (ValueError, TypeError):
         return False
     return hmac.compare_digest(actual, expected)
 
 
+async def hash_password(password: str) -> str:
+    async with _HASHING:
+        return await asyncio.to_thread(_hash, password)
+
+
+async def check_password(password: str, stored: str) -> bool:
+    async with _HASHING:
+        return await asyncio.to_thread(_check, password, stored)
+
+
+def outdated(stored: str) -> bool:
+    """Whether a stored hash was made with other parameters than today's (re-hash it)."""
+    return stored.split("$")[1:4] != [str(SCRYPT[k]) for k in ("n", "r", "p")]
+
+
+# Checked when the name is unknown, so a login costs the same either way.
+_NOBODY = f"scrypt${SCRYPT['n']}${SCRYPT['r']}${SCRYPT['p']}$AAAAAAAAAAAAAAAAAAAAAA==${'A' * 43}="
+
+
 def token_hash(secret: str) -> bytes:
     return hashlib.sha256(secret.encode()).digest()
+
+
+def _check_name(name: str, field: str) -> None:
+    if not NAME.match(name or ""):
+        raise InvalidInput(field, "letters, digits, _ . @ - (1-63 chars)")
 
 
 class Accounts:
@@ -84,29 +117,49 @@ class Accounts:
 
     async def add_operator(self, name: str, role: str, password: str | None = None) -> str:
         """Create an operator; returns the password (generated unless given)."""
-        if not NAME.match(name or ""):
-            raise InvalidInput("name", "letters, digits, _ . @ - (1-63 chars)")
+        _check_name(name, "name")
         if role not in ROLES:
             raise InvalidInput("role", f"must be one of {', '.join(ROLES)}")
         password = password or secrets.token_urlsafe(15)
+        password_hash = await hash_password(password)
         try:
-            await SQL.add_operator.execute(
-                self.db, name=name, role=role, password_hash=hash_password(password)
-            )
+            async with connection(self.db) as conn, conn.transaction():
+                await SQL.lock_names.execute(conn)
+                if (
+                    await SQL.add_operator.fetchval(conn, name=name, role=role, password_hash=password_hash)
+                    is None
+                ):
+                    raise Conflict(f"{name} is an agent's name (agents and operators share one namespace)")
         except asyncpg.UniqueViolationError:
             raise Conflict(f"operator {name} already exists") from None
         return password
+
+    async def set_password(self, name: str, password: str | None = None) -> str:
+        """A new password (generated unless given); ends every session of the operator."""
+        password = password or secrets.token_urlsafe(15)
+        if not await SQL.set_password.fetchval(
+            self.db, name=name, password_hash=await hash_password(password)
+        ):
+            raise NotFound(f"no operator {name}")
+        return password
+
+    async def remove_operator(self, name: str) -> None:
+        """Delete an operator; their sessions end with them (their history rows stay)."""
+        if await SQL.remove_operator.fetchval(self.db, name=name) is None:
+            raise NotFound(f"no operator {name}")
 
     async def has_operators(self) -> bool:
         return await SQL.has_operators.fetchval(self.db)
 
     async def login(self, name: str, password: str) -> Operator | None:
         row = await SQL.operator_login.fetchrow(self.db, name=name)
-        if row is None:
-            hash_password(password)  # spend the same time whether or not the name exists
+        stored = row["password_hash"] if row else _NOBODY
+        if not await check_password(password, stored) or row is None:
             return None
-        if not check_password(password, row["password_hash"]):
-            return None
+        if outdated(stored):
+            await SQL.rehash_password.execute(
+                self.db, name=name, old_hash=stored, password_hash=await hash_password(password)
+            )
         await SQL.note_login.execute(self.db, name=name)
         return Operator(row["name"], row["role"])
 
@@ -118,17 +171,20 @@ class Accounts:
 
     async def add_token(self, agent: str, queues: list[str], *, actor: str = "cli") -> tuple[str, str]:
         """Create a token for `agent` on `queues`; returns (token id, secret)."""
-        if not AGENT.match(agent or ""):
-            raise InvalidInput("agent", "letters, digits, _ . : @ - (1-63 chars)")
+        _check_name(agent, "agent")
         if not queues:
             raise InvalidInput("queues", "give at least one queue")
         for q in queues:
             check_queue(q, "queues")
         token_id = "tk_" + secrets.token_hex(6)
         secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
-        await SQL.add_token.execute(
-            self.db, id=token_id, agent=agent, queues=queues, token_hash=token_hash(secret), created_by=actor
-        )
+        async with connection(self.db) as conn, conn.transaction():
+            await SQL.lock_names.execute(conn)
+            made = await SQL.add_token.fetchval(
+                conn, id=token_id, agent=agent, queues=queues, token_hash=token_hash(secret), created_by=actor
+            )
+        if made is None:
+            raise Conflict(f"{agent} is an operator's name (agents and operators share one namespace)")
         return token_id, secret
 
     async def agent_for(self, secret: str) -> Agent | None:
@@ -136,6 +192,9 @@ class Accounts:
         if row is None:
             return None
         return Agent(row["agent"], Scope(row["id"], tuple(row["queues"])))
+
+    async def token_active(self, token_id: str) -> bool:
+        return await SQL.token_active.fetchval(self.db, id=token_id)
 
     async def list_tokens(self) -> list[Token]:
         return [Token(**dict(r)) for r in await SQL.list_tokens.fetch(self.db)]
@@ -146,6 +205,27 @@ class Accounts:
             raise NotFound(f"no token {token_id}")
         if not row["revoked"]:
             raise Conflict(f"token {token_id} is already revoked")
+
+    # -- dashboard sessions (dashboard/web/sessions.py keeps the cookie) ----------------
+
+    async def start_session(self, operator: str, max_age: int) -> str:
+        """A new session for `operator`; returns its id, for the cookie only."""
+        sid = secrets.token_urlsafe(32)
+        await SQL.start_session.execute(self.db, id_hash=token_hash(sid), operator=operator, max_age=max_age)
+        return sid
+
+    async def session(self, sid: str) -> tuple[Operator, tuple[str, str] | None] | None:
+        """The operator behind a live session, and the flash message waiting for it."""
+        row = await SQL.session_operator.fetchrow(self.db, id_hash=token_hash(sid))
+        if row is None:
+            return None
+        return Operator(row["name"], row["role"]), tuple(row["flash"]) if row["flash"] else None
+
+    async def set_flash(self, sid: str, flash: tuple[str, str] | None) -> None:
+        await SQL.set_flash.execute(self.db, id_hash=token_hash(sid), flash=list(flash) if flash else None)
+
+    async def end_session(self, sid: str) -> None:
+        await SQL.end_session.execute(self.db, id_hash=token_hash(sid))
 
     # -- shared secrets ----------------------------------------------------------------
 

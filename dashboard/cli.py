@@ -81,6 +81,14 @@ def parser() -> argparse.ArgumentParser:
     add.add_argument("name")
     add.add_argument("--role", choices=("viewer", "operator"), default="operator")
     add.set_defaults(run=cmd_operator_add)
+    passwd = op.add_parser(
+        "passwd", help="give an operator a new password (printed once); ends their sessions"
+    )
+    passwd.add_argument("name")
+    passwd.set_defaults(run=cmd_operator_passwd)
+    remove = op.add_parser("remove", help="delete an operator; ends their sessions (their history stays)")
+    remove.add_argument("name")
+    remove.set_defaults(run=cmd_operator_remove)
 
     tok = sub.add_parser("token", help="API tokens for agents").add_subparsers(dest="action", required=True)
     tadd = tok.add_parser("add", help="create a token; prints it once, as the last line")
@@ -193,6 +201,25 @@ async def cmd_operator_add(db, args) -> int:
     password = await Accounts(db.pool).add_operator(args.name, args.role)
     print(f"operator {args.name} ({args.role}) created; password (shown once):")
     print(password)
+    return 0
+
+
+@with_database
+async def cmd_operator_passwd(db, args) -> int:
+    from dashboard.accounts import Accounts
+
+    password = await Accounts(db.pool).set_password(args.name)
+    print(f"operator {args.name} has a new password (shown once); their sessions have ended:")
+    print(password)
+    return 0
+
+
+@with_database
+async def cmd_operator_remove(db, args) -> int:
+    from dashboard.accounts import Accounts
+
+    await Accounts(db.pool).remove_operator(args.name)
+    print(f"operator {args.name} removed; their sessions have ended")
     return 0
 
 

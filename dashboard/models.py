@@ -118,8 +118,9 @@ class Scope(msgspec.Struct, frozen=True):
             )
 
     def check_todo(self, todo_id: str, queue: str) -> None:
+        """A todo outside the token's queues does not exist for it: 404, its queue unsaid."""
         if queue not in self.queues:
-            raise OutOfScope(f"todo {todo_id} is in queue {queue}, which this token does not cover")
+            raise NotFound(f"no todo {todo_id}")
 
 
 def check_id(todo_id: Any) -> str:

@@ -7,6 +7,10 @@ queues hinted since it last looked, so a burst of hints costs it one wake-up, ne
 unbounded backlog. When the LISTEN connection is
 lost it is re-opened with backoff and every subscriber is told to resync, because hints
 sent meanwhile are gone.
+
+The same channel carries revocations ({"revoked": token id}, sql/queries/accounts.sql):
+a subscription made for a token is woken and marked `revoked`, so the token's waiting
+claims and open channels end within moments, in every process.
 """
 
 from __future__ import annotations
@@ -26,9 +30,11 @@ MAX_BACKOFF = 5.0
 
 
 class Subscription:
-    def __init__(self, hub: Hub, queues: Iterable[str] | None):
+    def __init__(self, hub: Hub, queues: Iterable[str] | None, token: str | None = None):
         self.hub = hub
         self.queues = frozenset(queues) if queues is not None else None
+        self.token = token  # the API token it serves, if any
+        self.revoked = False
         self.hinted: set[str] = set()
         self.resync = False
         self.ended = False  # the process is stopping: streams end, waiting claims give up
@@ -43,6 +49,10 @@ class Subscription:
 
     def _resync(self) -> None:
         self.resync = True
+        self._event.set()
+
+    def _revoke(self) -> None:
+        self.revoked = True
         self._event.set()
 
     def _end(self) -> None:
@@ -86,9 +96,10 @@ class Hub:
         self.connected = asyncio.Event()
         self._ending = False
 
-    def subscribe(self, queues: Iterable[str] | None = None) -> Subscription:
-        """Hints for `queues` (all queues when None). Close it (or use `with`) when done."""
-        sub = Subscription(self, queues)
+    def subscribe(self, queues: Iterable[str] | None = None, token: str | None = None) -> Subscription:
+        """Hints for `queues` (all queues when None), for API token `token` if one. Close it
+        (or use `with`) when done."""
+        sub = Subscription(self, queues, token)
         if self._ending:
             sub._end()
         self._subscribers.add(sub)
@@ -113,7 +124,13 @@ class Hub:
 
     def _on_notify(self, _conn, _pid, _channel, payload: str) -> None:
         try:
-            queue = json.loads(payload)["queue"]
+            hint = json.loads(payload)
+            if "revoked" in hint:
+                for sub in self._subscribers:
+                    if sub.token == hint["revoked"]:
+                        sub._revoke()
+                return
+            queue = hint["queue"]
         except (ValueError, KeyError, TypeError):
             return
         for sub in self._subscribers:

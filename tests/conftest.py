@@ -186,10 +186,10 @@ async def fresh_module_db(module_pool):
 
 async def build_app(dsn: str, pool, *, reaper: bool = True):
     """The real app on `dsn`, with the secrets stored there."""
-    from dashboard.web.app import create_app, load_secrets
+    from dashboard.web.app import create_app, load_config
 
-    secrets = await load_secrets(dbmod.Database(dsn=dsn, pool=pool))
-    return create_app(dsn, secrets, reaper=reaper, pool_size=4)
+    config = await load_config(dbmod.Database(dsn=dsn, pool=pool))
+    return create_app(dsn, config, reaper=reaper, pool_size=4)
 
 
 @contextlib.asynccontextmanager

@@ -28,9 +28,9 @@ def test_the_app_builds_with_deprecation_warnings_as_errors():
     inferred forms errors)."""
     import warnings
 
-    from dashboard.web.app import WebSecrets, create_app
+    from dashboard.web.app import WebConfig, create_app
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        app = create_app("postgresql://localhost/unused", WebSecrets(session=b"0" * 32, csrf="ab" * 16))
+        app = create_app("postgresql://localhost/unused", WebConfig(csrf_keys=(b"0" * 32,)))
         assert app.openapi_schema.paths  # the schema builds too

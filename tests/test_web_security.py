@@ -187,6 +187,7 @@ async def test_logging_in_goes_to_the_page_asked_for_but_never_off_site(client, 
         )
         assert response.status_code == 303
         assert response.headers["location"] == landing, target
+        csrf = client.cookies.get("csrftoken")  # each login renews the token
 
 
 async def test_with_no_operator_account_the_dashboard_is_a_503_saying_how_to_make_one(client, pool, store):

@@ -10,6 +10,7 @@ import logging
 import os
 import time
 
+from litestar.exceptions import HTTPException
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from dashboard import metrics
@@ -35,6 +36,9 @@ def access_log(app: ASGIApp) -> ASGIApp:
 
         try:
             await app(scope, receive, sending)
+        except HTTPException as refused:  # from a middleware (CSRF, body size): answered below us
+            status = refused.status_code
+            raise
         finally:
             seconds = time.perf_counter() - started
             ms = seconds * 1000

@@ -14,13 +14,16 @@ from litestar.response import Redirect, Template
 
 from dashboard.accounts import Accounts
 from dashboard.errors import InvalidInput
-from dashboard.models import DEFAULT_MAX_ATTEMPTS, Actor, NewTodo
+from dashboard.models import DEFAULT_MAX_ATTEMPTS, MAX_JSON_BYTES, Actor, NewTodo
 from dashboard.reads import Reads
 from dashboard.store import Store
 from dashboard.web.auth import operators_only
 from dashboard.web.pages import dead_context, leases_context, todo_context
 from dashboard.web.responses import after_action, page, redirect, render
 
+# A payload may be MAX_JSON_BYTES of JSON, and URL-encoding can triple it; other forms
+# keep the dashboard's 64 KiB (app.py).
+CREATE_FORM_LIMIT = 3 * MAX_JSON_BYTES + 64 * 1024
 CREATE_FIELDS = ("queue", "title", "kind", "payload", "assignee", "idempotency_key", "max_attempts")
 
 
@@ -105,7 +108,7 @@ async def retry_dead(
     )
 
 
-@post("/create", guards=[operators_only])
+@post("/create", guards=[operators_only], request_max_body_size=CREATE_FORM_LIMIT)
 async def create_todo(request: Request, store: NamedDependency[Store]) -> Template | Redirect:
     form = await request.form()
     values = {f: form.get(f, "").strip() if f != "payload" else form.get(f, "") for f in CREATE_FIELDS}

@@ -14,7 +14,7 @@ from litestar.params import FromPath, FromQuery, JSONBody, Parameter, QueryParam
 from litestar.response import ServerSentEvent
 from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED, HTTP_204_NO_CONTENT
 
-from dashboard.accounts import Agent
+from dashboard.accounts import Accounts, Agent
 from dashboard.models import Actor, NewTodo, check_queues
 from dashboard.notify import Hub
 from dashboard.reads import LIST_STATES, MAX_PAGE, Reads, TodoFilter
@@ -82,8 +82,11 @@ async def claim_next(
     agent: NamedDependency[Agent],
     store: NamedDependency[Store],
     hub: NamedDependency[Hub],
+    accounts: NamedDependency[Accounts],
 ) -> Response[TodoOut | None]:
-    todo = await claim_waiting(store, hub, data.queues, agent.name, data.ttl, data.wait, agent.scope)
+    todo = await claim_waiting(
+        store, hub, accounts, data.queues, agent.name, data.ttl, data.wait, agent.scope
+    )
     if todo is None:
         return Response(None, status_code=HTTP_204_NO_CONTENT)
     return Response(TodoOut.of(todo), status_code=HTTP_200_OK)
@@ -197,6 +200,7 @@ async def list_todos(
 async def channels(
     agent: NamedDependency[Agent],
     hub: NamedDependency[Hub],
+    accounts: NamedDependency[Accounts],
     queues: Annotated[
         str | None,
         Parameter(
@@ -206,7 +210,7 @@ async def channels(
 ) -> ServerSentEvent:
     names = check_queues([q.strip() for q in (queues or "").split(",") if q.strip()])
     agent.scope.check(names)
-    return ServerSentEvent(channel_stream(hub, names))
+    return ServerSentEvent(channel_stream(hub, accounts, names, agent.scope))
 
 
 router = Router(

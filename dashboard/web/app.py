@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import hashlib
+import os
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
 from litestar import Litestar, Request, Router, get
-from litestar.config.csrf import CSRFConfig
 from litestar.datastructures import MutableScopeHeaders, State
 from litestar.di import NamedDependency, Provide
-from litestar.middleware.session.client_side import CookieBackendConfig
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.plugins.htmx import HTMXPlugin
@@ -27,21 +27,26 @@ from prometheus_client import disable_created_metrics
 
 from dashboard.accounts import Accounts
 from dashboard.db import Database, create_pool
+from dashboard.errors import SwitchboardError
 from dashboard.notify import Hub
 from dashboard.reads import Reads
 from dashboard.reaper import run_reaper
 from dashboard.store import Store
 from dashboard.web import actions, api, health, login, pages, prometheus, templating
 from dashboard.web.access_log import access_log
-from dashboard.web.auth import SESSION_MAX_AGE, require_login
+from dashboard.web.auth import require_login
+from dashboard.web.csrf import CSRFMiddleware
 from dashboard.web.docs import SwaggerUIPage
 from dashboard.web.errors import EXCEPTION_HANDLERS
 from dashboard.web.live import page_stream
 from dashboard.web.services import Services
+from dashboard.web.sessions import is_https, save_flash
 from dashboard.web.stats_cache import StatsCache
 
 PACKAGE = Path(str(files("dashboard")))  # templates/ and static/ ship inside it (pyproject.toml)
 MAX_BODY = 8 * 1024 * 1024  # a batch of todos; each payload is limited to 256 KiB on its own
+FORM_BODY = login.FORM_LIMIT  # the dashboard's forms, but /create (a payload: actions.py)
+HSTS = "max-age=31536000"
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; frame-ancestors 'none'; base-uri 'self'; form-action 'self'"
@@ -50,17 +55,38 @@ DOCS_PATH = "/api/v1/docs"
 
 
 @dataclass
-class WebSecrets:
-    session: bytes
-    csrf: str
+class WebConfig:
+    """What every web process must agree on: the CSRF keys (current first), and whether
+    the public address is HTTPS (SWITCHBOARD_PUBLIC_URL)."""
+
+    csrf_keys: tuple[bytes, ...]
+    public_https: bool = False
 
 
-async def load_secrets(db: Database) -> WebSecrets:
-    accounts = Accounts(db.pool)
-    return WebSecrets(
-        session=await accounts.secret("session", 32),
-        csrf=(await accounts.secret("csrf", 32)).hex(),
-    )
+class ConfigError(SwitchboardError):
+    """A setting in the environment that cannot be used (the command says so and stops)."""
+
+
+def _key(value: str, name: str) -> bytes:
+    if len(value) < 32:
+        example = "python -c 'import secrets; print(secrets.token_hex(32))'"
+        raise ConfigError(f"{name} must be at least 32 characters (make one: {example})")
+    return hashlib.sha256(value.encode()).digest()
+
+
+async def load_config(db: Database, environ: Mapping[str, str] = os.environ) -> WebConfig:
+    """The CSRF key from SWITCHBOARD_SECRET_KEY, else one made once and kept in the database;
+    SWITCHBOARD_SECRET_KEY_OLD is accepted too while forms made with it may still be open."""
+    public = environ.get("SWITCHBOARD_PUBLIC_URL", "")
+    if public and not public.startswith(("http://", "https://")):
+        raise ConfigError(f"SWITCHBOARD_PUBLIC_URL must start with https:// or http://, not {public!r}")
+    if environ.get("SWITCHBOARD_SECRET_KEY"):
+        keys = [_key(environ["SWITCHBOARD_SECRET_KEY"], "SWITCHBOARD_SECRET_KEY")]
+    else:
+        keys = [await Accounts(db.pool).secret("csrf", 32)]
+    if environ.get("SWITCHBOARD_SECRET_KEY_OLD"):
+        keys.append(_key(environ["SWITCHBOARD_SECRET_KEY_OLD"], "SWITCHBOARD_SECRET_KEY_OLD"))
+    return WebConfig(csrf_keys=tuple(keys), public_https=public.startswith("https://"))
 
 
 async def security_headers(message: Message, scope: Scope) -> None:
@@ -74,6 +100,8 @@ async def security_headers(message: Message, scope: Scope) -> None:
         headers["X-Content-Type-Options"] = "nosniff"
         headers["Referrer-Policy"] = "same-origin"
         headers["X-Frame-Options"] = "DENY"
+        if is_https(scope):
+            headers["Strict-Transport-Security"] = HSTS
 
 
 @get("/events")
@@ -93,7 +121,7 @@ def _provide(name: str) -> Provide:
 DEPENDENCIES = {name: _provide(name) for name in ("store", "reads", "accounts", "hub", "stats")}
 
 
-def create_app(dsn: str, secrets: WebSecrets, *, reaper: bool = True, pool_size: int = 10) -> Litestar:
+def create_app(dsn: str, config: WebConfig, *, reaper: bool = True, pool_size: int = 10) -> Litestar:
     disable_created_metrics()  # no `…_created` twin of every counter and histogram on /metrics
 
     @contextlib.asynccontextmanager
@@ -127,32 +155,21 @@ def create_app(dsn: str, secrets: WebSecrets, *, reaper: bool = True, pool_size:
                 route_handlers=[*pages.ROUTES, *actions.ROUTES, events],
                 before_request=require_login,
                 include_in_schema=False,
+                request_max_body_size=FORM_BODY,
             ),
             api.router,
             create_static_files_router(
                 path="/static", directories=[PACKAGE / "static"], include_in_schema=False
             ),
         ],
-        state=State(),
+        state=State({"csrf_keys": config.csrf_keys, "public_https": config.public_https}),
         dependencies=DEPENDENCIES,
         template_config=TemplateConfig(
             directory=PACKAGE / "templates", engine=JinjaTemplateEngine, engine_callback=templating.configure
         ),
         plugins=[HTMXPlugin()],
-        csrf_config=CSRFConfig(
-            secret=secrets.csrf, cookie_httponly=True, cookie_samesite="strict", exclude=["/api/"]
-        ),
-        before_send=[security_headers],
-        middleware=[
-            access_log,
-            CookieBackendConfig(
-                secret=secrets.session,
-                max_age=SESSION_MAX_AGE,
-                httponly=True,
-                samesite="strict",
-                exclude=["/api/", "/static/"],
-            ).middleware,
-        ],
+        before_send=[security_headers, save_flash],
+        middleware=[access_log, CSRFMiddleware()],
         openapi_config=OpenAPIConfig(
             title="switchboard agent API",
             version="1",

@@ -6,8 +6,8 @@ one; anonymous browsers are sent to /login; viewers may look but not change anyt
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 from litestar import Request, Response
 from litestar.connection import ASGIConnection
@@ -17,8 +17,7 @@ from litestar.response import Redirect, Template
 
 from dashboard.accounts import Agent, Operator
 from dashboard.web.services import services
-
-SESSION_MAX_AGE = 8 * 3600
+from dashboard.web.sessions import session_id
 
 
 class LoginRequired(NotAuthorizedException):
@@ -26,17 +25,16 @@ class LoginRequired(NotAuthorizedException):
 
 
 async def current_operator(request: ASGIConnection) -> Operator | None:
-    """The logged-in operator, re-read from the database (so removal takes effect)."""
+    """The logged-in operator: the session record, read on every request (so logout, a
+    new password or removal ends it everywhere), with the flash message it holds."""
     if "operator" in request.scope:
         return request.scope["operator"]
-    session = (request.session or {}) if "session" in request.scope else {}
-    name, login_at = session.get("operator"), session.get("login_at")
-    if not name or not login_at:
-        return None
-    age = datetime.now(UTC) - datetime.fromisoformat(login_at)
-    operator = None
-    if age.total_seconds() <= SESSION_MAX_AGE:  # the cookie's Max-Age is only advice
-        operator = await services(request).accounts.operator(name)
+    sid = session_id(request)
+    found = await services(request).accounts.session(sid) if sid else None
+    operator, flash = found or (None, None)
+    if operator is not None:
+        request.scope["session_id"] = sid
+        request.scope["flash_in"] = flash
     request.scope["operator"] = operator
     return operator
 
@@ -56,7 +54,7 @@ async def require_login(request: Request) -> Any:
 def to_login(request: ASGIConnection) -> Response:
     """The login page, for a browser (303) or for htmx (HX-Redirect: an XHR would follow a 303
     itself and swap the login page into the fragment)."""
-    target = "/login?next=" + request.url.path
+    target = "/login?next=" + quote(request.url.path)
     if request.headers.get("hx-request"):
         return Response(None, status_code=401, headers={"HX-Redirect": target})
     return Redirect(target, status_code=303)
@@ -80,7 +78,10 @@ async def require_agent(request: Request) -> Agent:
     scheme, _, secret = header.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         raise NotAuthorizedException("send Authorization: Bearer <token>")
-    agent = await services(request).accounts.agent_for(secret.strip())
+    known = services(request)
+    address = request.client.host if request.client else ""
+    agent = await known.accounts.agent_for(secret.strip())
     if agent is None:
+        known.limits.token_failed(address)  # 429 instead, once an address fails too often
         raise NotAuthorizedException("the token is unknown or revoked")
     return agent

@@ -8,12 +8,14 @@ may have changed in queue q", and a resync that hints may have been lost meanwhi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 
 import msgspec
+from litestar.exceptions import NotAuthorizedException
 from litestar.response import ServerSentEventMessage
 from litestar.template import TemplateEngineProtocol
 
+from dashboard.accounts import Accounts
 from dashboard.models import Scope, Todo, check_wait
 from dashboard.notify import Hub, Subscription
 from dashboard.store import Store
@@ -28,19 +30,30 @@ Encoder = Callable[[set[str], bool], Iterable[ServerSentEventMessage]]
 
 
 async def hint_stream(
-    sub: Subscription, first: ServerSentEventMessage, encode: Encoder, *, min_interval: float = 0.0
+    sub: Subscription,
+    first: ServerSentEventMessage,
+    encode: Encoder,
+    *,
+    min_interval: float = 0.0,
+    still_allowed: Callable[[Subscription], Awaitable[bool]],
 ) -> AsyncIterator[ServerSentEventMessage]:
     """`first`, then `encode(hinted queues, resync)` for each wake-up, a keepalive comment
     every KEEPALIVE seconds of quiet; a burst within `min_interval` becomes one wake-up.
-    Ends when the process stops (the hub ends the subscription)."""
+    Ends when the process stops (the hub ends the subscription), or when `still_allowed`
+    (asked at every resync and keepalive, and at once when the hub says the token was
+    revoked) says no."""
     with sub:
         yield first
         loop = asyncio.get_running_loop()
         last = 0.0
         while not sub.ended:
             if not await sub.wait(KEEPALIVE):
+                if not await still_allowed(sub):
+                    return
                 yield ServerSentEventMessage(comment="keepalive")
                 continue
+            if (sub.revoked or sub.resync) and not await still_allowed(sub):
+                return
             wait = last + min_interval - loop.time()
             if wait > 0:
                 await asyncio.sleep(wait)
@@ -78,26 +91,65 @@ def channel_encoder(hinted: set[str], resync: bool) -> Iterable[ServerSentEventM
         yield ServerSentEventMessage(event="hint", data=msgspec.json.encode({"queue": queue}))
 
 
+async def _always(_sub: Subscription) -> bool:
+    return True
+
+
 def page_stream(hub: Hub, templates: TemplateEngineProtocol) -> AsyncIterator[ServerSentEventMessage]:
-    return hint_stream(hub.subscribe(), CONNECTED, page_encoder(templates), min_interval=PAGE_HINT_INTERVAL)
+    return hint_stream(
+        hub.subscribe(),
+        CONNECTED,
+        page_encoder(templates),
+        min_interval=PAGE_HINT_INTERVAL,
+        still_allowed=_always,
+    )
 
 
-def channel_stream(hub: Hub, queues: Sequence[str]) -> AsyncIterator[ServerSentEventMessage]:
-    return hint_stream(hub.subscribe(queues), RESYNC, channel_encoder)  # start by claiming
+def token_check(accounts: Accounts) -> Callable[[Subscription], Awaitable[bool]]:
+    """Whether a subscription's token is still good: the hub's revocation hint is taken at
+    its word; otherwise (a resync, when hints may have been lost) the database is asked."""
+
+    async def still_allowed(sub: Subscription) -> bool:
+        return not sub.revoked and await accounts.token_active(sub.token)
+
+    return still_allowed
+
+
+def channel_stream(
+    hub: Hub, accounts: Accounts, queues: Sequence[str], scope: Scope
+) -> AsyncIterator[ServerSentEventMessage]:
+    sub = hub.subscribe(queues, token=scope.token_id)
+    return hint_stream(sub, RESYNC, channel_encoder, still_allowed=token_check(accounts))  # start by claiming
 
 
 async def claim_waiting(
-    store: Store, hub: Hub, queues: Sequence[str], owner: str, ttl: float, wait: float, scope: Scope
+    store: Store,
+    hub: Hub,
+    accounts: Accounts,
+    queues: Sequence[str],
+    owner: str,
+    ttl: float,
+    wait: float,
+    scope: Scope,
 ) -> Todo | None:
     """Claim now, or wait up to `wait` seconds for a hint (re-checking every few seconds).
-    A process that is stopping claims nothing more: the wait ends with None (204)."""
+    A process that is stopping claims nothing more: the wait ends with None (204). A token
+    revoked meanwhile claims nothing either: 401, checked before every try after the first
+    (the request itself was authorised just before it)."""
     wait = check_wait(wait)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
-    with hub.subscribe(queues) as sub:  # subscribed before the first try: no lost wake-up
+    still_allowed = token_check(accounts)
+    first = True
+    with hub.subscribe(
+        queues, token=scope.token_id
+    ) as sub:  # subscribed before the first try: no lost wake-up
         while True:
             if sub.ended:
                 return None
+            if not first and not await still_allowed(sub):
+                raise NotAuthorizedException("the token was revoked")
+            first = False
             todo = await store.claim_next(queues, owner, ttl, scope=scope)
             remaining = deadline - loop.time()
             if todo is not None or remaining <= 0:

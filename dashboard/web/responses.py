@@ -9,6 +9,8 @@ from typing import Any
 from litestar import Request
 from litestar.response import Redirect, Template
 
+from dashboard.web.sessions import set_flash
+
 
 def render(request: Request, template: str, *, status: int = 200, **context: Any) -> Template:
     """`template` with `operator` (set by the login check on every dashboard route)."""
@@ -23,14 +25,13 @@ def page(request: Request, template: str, *, status: int = 200, **context: Any) 
 
 
 def flash(request: Request, message: str, kind: str = "ok") -> None:
-    request.set_session({**request.session, "flash": [kind, message]})
+    set_flash(request, (kind, message))
 
 
 def take_flash(request: Request) -> tuple[str, str] | None:
-    session = dict(request.session)
-    message = session.pop("flash", None)
+    message = request.scope.get("flash_in")
     if message:
-        request.set_session(session)
+        set_flash(request, None)
     return message
 
 

@@ -16,7 +16,7 @@ import uvicorn
 
 from dashboard.accounts import Accounts
 from dashboard.db import open_database
-from dashboard.web.app import create_app, load_secrets
+from dashboard.web.app import create_app, load_config
 
 FIRST_OPERATOR = "admin"
 GRACE = 2.0  # seconds uvicorn waits for open requests before cancelling them
@@ -61,7 +61,7 @@ async def _run(host: str, port: int, newcomer: bool) -> None:
     try:
         if newcomer:
             await _first_operator(db)
-        app = create_app(db.dsn, await load_secrets(db))
+        app = create_app(db.dsn, await load_config(db))
         await db.pool.close()  # the app opens its own; the embedded server stays up until close()
         config = uvicorn.Config(
             app,

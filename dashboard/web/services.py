@@ -6,7 +6,7 @@ which Litestar does not inject, reach them with `services(connection)`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from litestar.connection import ASGIConnection
 
@@ -14,6 +14,7 @@ from dashboard.accounts import Accounts
 from dashboard.notify import Hub
 from dashboard.reads import Reads
 from dashboard.store import Store
+from dashboard.web.limits import Limits
 from dashboard.web.stats_cache import StatsCache
 
 
@@ -24,6 +25,7 @@ class Services:
     accounts: Accounts
     hub: Hub
     stats: StatsCache
+    limits: Limits = field(default_factory=Limits)
     has_operators: bool = False  # remembered once true: operators are never all removed at run time
 
 
