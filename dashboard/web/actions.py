@@ -13,12 +13,12 @@ from litestar.params import FromPath
 from litestar.response import Redirect, Template
 
 from dashboard.accounts import Accounts
-from dashboard.errors import InvalidInput
+from dashboard.errors import Conflict, InvalidInput
 from dashboard.models import DEFAULT_MAX_ATTEMPTS, MAX_JSON_BYTES, Actor, NewTodo
 from dashboard.reads import Reads
 from dashboard.store import Store
 from dashboard.web.auth import operators_only
-from dashboard.web.pages import dead_context, leases_context, todo_context
+from dashboard.web.pages import dead_context, leases_context, todo_context, tokens_view
 from dashboard.web.responses import after_action, page, redirect, render
 
 # A payload may be MAX_JSON_BYTES of JSON, and URL-encoding can triple it; other forms
@@ -158,9 +158,9 @@ async def add_token(request: Request, accounts: NamedDependency[Accounts]) -> Te
     error, secret = None, None
     try:
         _, secret = await accounts.add_token(form.get("agent", "").strip(), queues, actor=signed(request))
-    except InvalidInput as exc:
+    except (InvalidInput, Conflict) as exc:
         error = str(exc)
-    return page(request, "tokens.html", tokens=await accounts.list_tokens(), new_secret=secret, error=error)
+    return await tokens_view(request, accounts, new_secret=secret, error=error)
 
 
 @post("/tokens/{token_id:str}/revoke", guards=[operators_only])

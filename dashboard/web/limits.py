@@ -58,15 +58,16 @@ class Failures:
 
 
 class Limits:
-    def __init__(self, clock=time.monotonic):
+    def __init__(self, per_address: tuple[int, float] = PER_ADDRESS, clock=time.monotonic):
         self.clock = clock
-        self.logins = Failures(PER_ADDRESS[1])
+        self.allowed, window = per_address
+        self.logins = Failures(window)
         self.names = Failures(NAME_WINDOW)
-        self.tokens = Failures(PER_ADDRESS[1])
+        self.tokens = Failures(window)
 
     def _address_wait(self, failures: Failures, address: str, now: float) -> float:
         times = failures.recent(address, now)
-        return times[0] + failures.window - now if len(times) >= PER_ADDRESS[0] else 0.0
+        return times[0] + failures.window - now if len(times) >= self.allowed else 0.0
 
     def check_login(self, address: str, name: str) -> None:
         """Before a password is checked: TooMany if this address or name must wait."""
@@ -93,5 +94,5 @@ class Limits:
         now = self.clock()
         self.tokens.add(address, now)
         wait = self._address_wait(self.tokens, address, now)
-        if len(self.tokens.recent(address, now)) > PER_ADDRESS[0]:
+        if len(self.tokens.recent(address, now)) > self.allowed:
             raise TooMany("too many unknown tokens from your address", wait)

@@ -14,6 +14,7 @@ from litestar.response import Template
 from dashboard.accounts import Accounts
 from dashboard.models import DEFAULT_MAX_ATTEMPTS
 from dashboard.reads import LIST_STATES, Reads, TodoFilter
+from dashboard.web.auth import operators_only
 from dashboard.web.responses import page, render
 from dashboard.web.stats_cache import StatsCache
 
@@ -134,9 +135,19 @@ async def create_page(request: Request) -> Template:
     return page(request, "create.html", values=values, errors={})
 
 
-@get("/tokens")
+async def tokens_view(
+    request: Request, accounts: Accounts, new_secret: str | None = None, error: str | None = None
+) -> Template:
+    """The tokens page (operators only: it names every agent and its queues), never kept
+    by a cache: right after `add` it shows the new secret."""
+    response = page(request, "tokens.html", tokens=await accounts.list_tokens(), new_secret=new_secret, error=error)
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+@get("/tokens", guards=[operators_only])
 async def tokens_page(request: Request, accounts: NamedDependency[Accounts]) -> Template:
-    return page(request, "tokens.html", tokens=await accounts.list_tokens(), new_secret=None)
+    return await tokens_view(request, accounts)
 
 
 @get("/patterns")
