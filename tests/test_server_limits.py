@@ -131,9 +131,10 @@ async def test_a_client_that_connects_and_sends_nothing_is_closed_at_the_header_
 
 async def test_a_keep_alive_connection_is_closed_when_its_next_request_head_stops_halfway(impatient):
     async with raw_connections(impatient.port, 1) as [(reader, writer)]:
-        for _ in range(2):  # keep-alive works: two whole requests on one connection
-            writer.write(FULL_HEAD)
-            assert await read_response(reader) == 200
+        writer.write(FULL_HEAD)  # keep-alive works: whole requests, one after another
+        assert await read_response(reader) == 200
+        writer.write(FULL_HEAD * 2)  # and pipelined
+        assert [await read_response(reader), await read_response(reader)] == [200, 200]
         writer.write(HALF_HEAD)
         waited = await closed_after(reader, asyncio.get_running_loop().time())
     assert waited >= HEADER_TIMEOUT - 0.5
