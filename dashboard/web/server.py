@@ -4,23 +4,143 @@ SIGTERM (systemd, Docker, Procfile runners) and SIGINT stop it alike: uvicorn st
 accepting, the hub ends every open SSE stream and waiting long-poll (which answers 204),
 the lifespan stops the reaper and closes the pool, and the embedded PostgreSQL stops when
 this process was its last user. Each step is bounded, so the whole stop takes seconds.
+
+Limits, read from the environment before anything else starts (a bad value is a usage
+error): SWITCHBOARD_MAX_CONNECTIONS open connections at most (one more is answered 503;
+every SSE stream and waiting long-poll claim holds one), SWITCHBOARD_HEADER_TIMEOUT
+seconds for a request head to arrive (dashboard/web/slow_clients.py), SWITCHBOARD_KEEPALIVE
+seconds of quiet on a keep-alive connection. X-Forwarded-For and -Proto are believed only
+from the addresses in SWITCHBOARD_TRUSTED_PROXIES.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
+import math
+import os
+import resource
 import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 import uvicorn
 
 from dashboard.accounts import Accounts
 from dashboard.db import open_database
+from dashboard.errors import InvalidInput
 from dashboard.web.app import create_app, load_config
+from dashboard.web.slow_clients import header_timeout_protocol
 
 FIRST_OPERATOR = "admin"
 GRACE = 2.0  # seconds uvicorn waits for open requests before cancelling them
+# File descriptors besides the connections: the listening socket, the pool and the LISTEN
+# connection (11), log files, the event loop's own, templates being read.
+SPARE_FILES = 64
 log = logging.getLogger("switchboard.server")
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_connections: int = 1000
+    header_timeout: float = 10.0
+    keepalive: float = 5.0
+    trusted_proxies: tuple[str, ...] = ("127.0.0.1", "::1")  # uvicorn's own default
+    max_connections_given: bool = False  # set in the environment, not the default
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] = os.environ) -> Limits:
+        default = cls()
+        connections = _positive(environ, "SWITCHBOARD_MAX_CONNECTIONS", int, "a whole number of connections")
+        header = _positive(environ, "SWITCHBOARD_HEADER_TIMEOUT", float, "a number of seconds")
+        keepalive = _positive(environ, "SWITCHBOARD_KEEPALIVE", float, "a number of seconds")
+        proxies = environ.get("SWITCHBOARD_TRUSTED_PROXIES", "").strip()
+        return cls(
+            max_connections=default.max_connections if connections is None else int(connections),
+            header_timeout=default.header_timeout if header is None else header,
+            keepalive=default.keepalive if keepalive is None else keepalive,
+            trusted_proxies=_trusted_proxies(proxies) if proxies else default.trusted_proxies,
+            max_connections_given=connections is not None,
+        )
+
+
+def _positive(environ: Mapping[str, str], name: str, kind: type, what: str) -> float | None:
+    """The variable `name` as a `kind` above 0, None if unset or blank."""
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise InvalidInput(name, f"{raw!r} is not {what}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise InvalidInput(name, f"{raw!r}: must be above 0")
+    return value
+
+
+def _trusted_proxies(raw: str) -> tuple[str, ...]:
+    """Comma-separated addresses and networks (CIDR), or "*" for any. uvicorn would take a
+    mistyped entry for a literal that never matches, so it is refused here instead."""
+    entries = tuple(entry.strip() for entry in raw.split(",") if entry.strip())
+    if "*" in entries:
+        return ("*",)
+    for entry in entries:
+        parse = ipaddress.ip_network if "/" in entry else ipaddress.ip_address
+        try:
+            parse(entry)
+        except ValueError as exc:
+            raise InvalidInput(
+                "SWITCHBOARD_TRUSTED_PROXIES", f"{entry!r} is not an IP address or network ({exc})"
+            ) from None
+    return entries
+
+
+def fit_file_limit(limits: Limits) -> Limits:
+    """Raise this process's soft limit on open files (RLIMIT_NOFILE) toward its hard limit so
+    that `max_connections` fit. If they cannot: a usage error when the number was asked for,
+    else the most that fit, with a warning."""
+    needed = limits.max_connections + SPARE_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-file limit from %d to %d: %s", soft, target, exc)
+        else:
+            log.info("raised the open-file limit (ulimit -n) from %d to %d", soft, target)
+            soft = target
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return limits
+    fits = soft - SPARE_FILES
+    if limits.max_connections_given or fits < 1:
+        raise InvalidInput(
+            "SWITCHBOARD_MAX_CONNECTIONS",
+            f"{limits.max_connections} connections need about {needed} open files, and this process "
+            f"may open {soft} (ulimit -Hn is {hard}): ask for at most {max(fits, 0)}, or raise the limit",
+        )
+    log.warning("open files are limited to %d (ulimit -Hn): serving at most %d connections", soft, fits)
+    return replace(limits, max_connections=fits)
+
+
+def uvicorn_config(app, host: str, port: int, limits: Limits) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http=header_timeout_protocol(limits.header_timeout),
+        # uvicorn answers 503 once its open connections, this one included, reach the
+        # limit: one more than max_connections lets exactly that many be served.
+        limit_concurrency=limits.max_connections + 1,
+        timeout_keep_alive=limits.keepalive,  # type: ignore[arg-type]  # call_later takes a float
+        proxy_headers=True,
+        forwarded_allow_ips=list(limits.trusted_proxies),
+        timeout_graceful_shutdown=GRACE,
+        log_level="info",
+        access_log=False,
+        lifespan="on",
+    )
 
 
 class Stopped(Exception):
@@ -56,22 +176,21 @@ class Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-async def _run(host: str, port: int, newcomer: bool) -> None:
+async def _run(host: str, port: int, newcomer: bool, limits: Limits) -> None:
     db = await open_database(max_size=2)  # migrations, the first operator, the secrets
     try:
         if newcomer:
             await _first_operator(db)
         app = create_app(db.dsn, await load_config(db))
         await db.pool.close()  # the app opens its own; the embedded server stays up until close()
-        config = uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            timeout_graceful_shutdown=GRACE,
-            log_level="info",
-            access_log=False,
-            lifespan="on",
+        config = uvicorn_config(app, host, port, limits)
+        log.info(
+            "at most %d connections; a request head must arrive within %gs; keep-alive %gs",
+            limits.max_connections,
+            limits.header_timeout,
+            limits.keepalive,
         )
+        log.info("X-Forwarded-For and X-Forwarded-Proto trusted from: %s", ", ".join(limits.trusted_proxies))
         shown = "localhost" if host in ("127.0.0.1", "0.0.0.0", "::") else host
         where = "embedded PostgreSQL in " + db.dsn.split("host=")[-1] if db.server else "DATABASE_URL"
         server = Server(config, f"switchboard is up on http://{shown}:{port}/ (database: {where})")
@@ -100,5 +219,6 @@ async def _first_operator(db) -> None:
 
 def serve(host: str, port: int, *, newcomer: bool) -> int:
     logging.getLogger("switchboard").setLevel(logging.INFO)
-    asyncio.run(_run(host, port, newcomer))
+    limits = fit_file_limit(Limits.from_environ())  # a bad setting stops here, before the database
+    asyncio.run(_run(host, port, newcomer, limits))
     return 0
