@@ -29,7 +29,7 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,62}$")  # operators and agents
 TOKEN_PREFIX = "sbt_"
 SCRYPT = {"n": 2**17, "r": 8, "p": 1}  # OWASP's current guidance: 128 MiB and ~0.3 s a hash
 _MAXMEM = 2 * 128 * SCRYPT["r"] * SCRYPT["n"]
-_HASHING = asyncio.Semaphore(2)  # at most this many hashes at once (each takes 128 MiB)
+_HASHING = asyncio.Semaphore(1)  # one hash at a time: a core (and 128 MiB) stays for the rest
 
 
 class Operator(msgspec.Struct, frozen=True):

@@ -19,7 +19,7 @@ from dashboard.reads import Reads
 from dashboard.store import Store
 from dashboard.web.auth import operators_only
 from dashboard.web.pages import dead_context, leases_context, todo_context, tokens_view
-from dashboard.web.responses import after_action, page, redirect, render
+from dashboard.web.responses import after_action, redirect, render
 
 # A payload may be MAX_JSON_BYTES of JSON, and URL-encoding can triple it; other forms
 # keep the dashboard's 64 KiB (app.py).

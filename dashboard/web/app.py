@@ -13,8 +13,11 @@ from importlib.resources import files
 from pathlib import Path
 
 from litestar import Litestar, Request, Router, get
+from litestar.connection import ASGIConnection
 from litestar.datastructures import MutableScopeHeaders, State
 from litestar.di import NamedDependency, Provide
+from litestar.exceptions import NotFoundException
+from litestar.handlers import BaseRouteHandler
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.plugins.htmx import HTMXPlugin
@@ -104,6 +107,12 @@ async def security_headers(message: Message, scope: Scope) -> None:
             headers["Strict-Transport-Security"] = HSTS
 
 
+def no_nul(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+    """A NUL in a static path is a 404 (the file system would raise on it: a 500)."""
+    if "\x00" in connection.scope["path"]:
+        raise NotFoundException()
+
+
 @get("/events")
 async def events(request: Request, hub: NamedDependency[Hub]) -> ServerSentEvent:
     """Hints for open pages (dashboard/web/live.py)."""
@@ -159,7 +168,7 @@ def create_app(dsn: str, config: WebConfig, *, reaper: bool = True, pool_size: i
             ),
             api.router,
             create_static_files_router(
-                path="/static", directories=[PACKAGE / "static"], include_in_schema=False
+                path="/static", directories=[PACKAGE / "static"], include_in_schema=False, guards=[no_nul]
             ),
         ],
         state=State({"csrf_keys": config.csrf_keys, "public_https": config.public_https}),

@@ -140,7 +140,8 @@ async def tokens_view(
 ) -> Template:
     """The tokens page (operators only: it names every agent and its queues), never kept
     by a cache: right after `add` it shows the new secret."""
-    response = page(request, "tokens.html", tokens=await accounts.list_tokens(), new_secret=new_secret, error=error)
+    tokens = await accounts.list_tokens()
+    response = page(request, "tokens.html", tokens=tokens, new_secret=new_secret, error=error)
     response.headers["Cache-Control"] = "no-store"
     return response
 
