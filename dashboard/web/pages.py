@@ -8,13 +8,13 @@ from datetime import UTC, datetime, timedelta
 
 from litestar import Request, get
 from litestar.di import NamedDependency
+from litestar.exceptions import PermissionDeniedException
 from litestar.params import FromPath
 from litestar.response import Template
 
 from dashboard.accounts import Accounts
 from dashboard.models import DEFAULT_MAX_ATTEMPTS
 from dashboard.reads import LIST_STATES, Reads, TodoFilter
-from dashboard.web.auth import operators_only
 from dashboard.web.responses import page, render
 from dashboard.web.stats_cache import StatsCache
 
@@ -146,8 +146,12 @@ async def tokens_view(
     return response
 
 
-@get("/tokens", guards=[operators_only])
+@get("/tokens")
 async def tokens_page(request: Request, accounts: NamedDependency[Accounts]) -> Template:
+    # Not a guard: guards run before require_login, which answers first when there is no
+    # operator account at all.
+    if not request.scope["operator"].can_change:
+        raise PermissionDeniedException("the tokens page is for operators")
     return await tokens_view(request, accounts)
 
 
