@@ -5,6 +5,7 @@ session, and the small items (scope 404, anchored exclusions, odd paths, no-stor
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
 
@@ -86,13 +87,20 @@ async def test_eight_clients_guessing_passwords_leave_heartbeats_within_twice_th
                         all_guessing.set()
 
         guessers = [asyncio.create_task(guesser(i)) for i in range(8)]
+        rounds = []
         try:
             await asyncio.wait_for(all_guessing.wait(), 30)
-            loaded = statistics.median(await heartbeats(100))
+            # up to three rounds of 100: one burst from another process on this shared box
+            # must not decide it; hashing on the event loop fails every round (~100 ms)
+            while len(rounds) < 3 and (not rounds or rounds[-1] > 2 * unloaded + 0.001):
+                rounds.append(statistics.median(await heartbeats(100)))
         finally:
             stop.set()
             await asyncio.gather(*guessers)
-    print(f"heartbeat median: unloaded {unloaded * 1000:.2f} ms, under 8 guessers {loaded * 1000:.2f} ms")
+    loaded = rounds[-1]
+    shown = ", ".join(f"{r * 1000:.2f}" for r in rounds)
+    print(f"heartbeat median: unloaded {unloaded * 1000:.2f} ms, under 8 guessers {shown} ms")
+    print(f"load average {os.getloadavg()}")
     # 1 ms for timer noise on a shared 2-core box; hashing on the event loop made it ~100 ms
     assert loaded <= 2 * unloaded + 0.001, (unloaded, loaded)
 
