@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from playwright.sync_api import expect
+
+pytestmark = pytest.mark.browser
 
 
 def test_logout_in_one_browser_context_ends_the_session_for_a_cookie_saved_in_another(
