@@ -269,14 +269,17 @@ class Store:
             raise InvalidInput("todos", "the same todo appears twice")
         leases = [check_lease(lease) for _, lease, _ in items]
         results = [_result(result) for _, _, result in items]
-        async with transaction(self.db) as conn:  # a miss rolls back the others
-            records = await SQL.complete_many.fetch(
-                conn, ids=ids, leases=leases, results=results, owner=owner, scope=_queues(scope)
-            )
-            done = {r["id"] for r in records}
-            for todo_id, lease in zip(ids, leases, strict=True):
-                if todo_id not in done:
-                    raise await self._miss(todo_id, "complete", owner, lease, scope)
+        records = await SQL.complete_many.fetch(
+            self.db,
+            ids=ids,
+            leases=leases,
+            results=results,
+            owner=owner,
+            scope=_queues(scope),
+            all_or_none=True,
+        )
+        if len(records) < len(ids):
+            raise await self._batch_miss(ids, leases, owner, scope)
         by_id = {r["id"]: Todo.from_record(r) for r in records}
         metrics.completed(by_id.values())
         return [by_id[todo_id] for todo_id in ids]
@@ -304,6 +307,7 @@ class Store:
                 results=[ack.result for ack in completing],
                 owner=owner,
                 scope=_queues(scope),
+                all_or_none=False,
             )
             done = [Todo.from_record(r) for r in records]
             metrics.completed(done)
@@ -472,6 +476,21 @@ class Store:
             "assignee": assignee,
         }
         return Conflict(f"cannot {action} todo {todo_id}: {facts}", current=current)
+
+    async def _batch_miss(
+        self, ids: list[str], leases: list[int], owner: str, scope: Scope | None
+    ) -> Exception:
+        """Why an all-or-none batch completed nothing: the first of its todos not held."""
+        for todo_id, lease in zip(ids, leases, strict=True):
+            row = await SQL.classify_miss.fetchrow(self.db, id=todo_id)
+            held = row is not None and (row["state"], row["owner"], row["lease_token"]) == (
+                "claimed",
+                owner,
+                lease,
+            )
+            if not held or (scope is not None and row["queue"] not in scope.queues):
+                return await self._miss(todo_id, "complete", owner, lease, scope)
+        return Conflict("cannot complete the batch: its todos changed meanwhile; try again")
 
     async def _key_taken(self, todo_id: str) -> Conflict:
         row = await SQL.live_todo_with_key.fetchrow(self.db, id=todo_id)
