@@ -15,7 +15,7 @@ one by a statement of its own. Claims and completions, the hot path, send none.
 from __future__ import annotations
 
 import logging
-import uuid
+import os
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
@@ -63,8 +63,19 @@ class HintSink(Protocol):
     def send(self, queues: Iterable[str]) -> None: ...
 
 
-def new_todo_id() -> str:
-    return f"td_{uuid.uuid4()}"
+def new_ids(prefix: str, n: int) -> list[str]:
+    """n random version-4 UUIDs after `prefix`, from one read of the system's randomness
+    (uuid.uuid4() per id cost a tenth of a batch create's Python time)."""
+    raw = bytearray(os.urandom(16 * n))
+    for at in range(0, 16 * n, 16):
+        raw[at + 6] = raw[at + 6] & 0x0F | 0x40  # version 4
+        raw[at + 8] = raw[at + 8] & 0x3F | 0x80  # RFC 4122 variant
+    h = raw.hex()
+    return [
+        f"{prefix}{h[i : i + 8]}-{h[i + 8 : i + 12]}-{h[i + 12 : i + 16]}-"
+        f"{h[i + 16 : i + 20]}-{h[i + 20 : i + 32]}"
+        for i in range(0, 32 * n, 32)
+    ]
 
 
 class RetryReport(msgspec.Struct):
@@ -112,13 +123,12 @@ class Store:
         ids: list[str] = []
         rows: dict[Any, tuple[str, NewTodo, tuple[str, str | None]]] = {}
         extra_hits: dict[str, int] = {}
-        for i, item in enumerate(items):
+        for i, (item, todo_id) in enumerate(zip(items, new_ids("td_", len(items)), strict=True)):
             try:
                 encoded = check_new_todo(item)
             except InvalidInput as exc:
                 field = f"todos[{i}].{exc.field}" if len(items) > 1 else exc.field
                 raise type(exc)(field, exc.message) from None
-            todo_id = new_todo_id()
             slot = (item.queue, item.idempotency_key) if item.idempotency_key else todo_id
             if slot in rows:
                 first_id = rows[slot][0]
@@ -129,7 +139,11 @@ class Store:
                 extra_hits[todo_id] = 0
                 ids.append(todo_id)
         ordered = sorted(rows.values(), key=lambda r: (r[1].queue, r[1].idempotency_key or ""))
-        events = {tid: (f"ev_{uuid.uuid4()}", it.event, enc[1]) for tid, it, enc in ordered if it.event}
+        with_events = [(tid, it, enc) for tid, it, enc in ordered if it.event]
+        events = {
+            tid: (event_id, it.event, enc[1])
+            for (tid, it, enc), event_id in zip(with_events, new_ids("ev_", len(with_events)), strict=True)
+        }
 
         columns = dict(
             zip(
