@@ -14,6 +14,7 @@ import asyncio
 import time
 
 import httpx
+import pytest
 
 from dashboard.accounts import Accounts
 from dashboard.notify import APPLICATION_NAME, Hub
@@ -76,25 +77,30 @@ class CountingAccounts(Accounts):
         return await super().agent_for_hash(key)
 
 
-async def test_a_known_token_is_looked_up_once_and_a_revocation_drops_it(dsn, pool):
-    accounts = CountingAccounts(pool)
-    token_id, secret = await accounts.add_token("cached", ["work"])
+@pytest.fixture
+async def hub(dsn):
+    """A started hub (its LISTEN connection up), stopped after the test."""
     hub = Hub(dsn)
     await hub.start()
-    try:
-        cache = TokenCache(accounts, hub)
-        for _ in range(20):
-            agent = await cache.agent_for(secret)
-            assert agent.name == "cached" and agent.scope.queues == ("work",)
-        assert accounts.lookups == 1
-        assert await cache.agent_for("sb_not-a-token") is None
-        assert await cache.agent_for("sb_not-a-token") is None
-        assert accounts.lookups == 3, "an unknown token is never remembered"
+    yield hub
+    await hub.stop()
 
-        await accounts.revoke_token(token_id, actor="operator:test")
-        await eventually(lambda: cache.agent_for(secret), lambda agent: agent is None, within=MAX_AGE / 2)
-    finally:
-        await hub.stop()
+
+async def test_a_known_token_is_looked_up_once_and_a_revocation_drops_it(hub, pool):
+    accounts = CountingAccounts(pool)
+    token_id, secret = await accounts.add_token("cached", ["work"])
+    cache = TokenCache(accounts, hub)
+    for _ in range(20):
+        agent = await cache.agent_for(secret)
+        assert agent.name == "cached" and agent.scope.queues == ("work",)
+    assert accounts.lookups == 1
+    assert await cache.agent_for("sb_not-a-token") is None
+    assert await cache.agent_for("sb_not-a-token") is None
+    assert accounts.lookups == 3, "an unknown token is never remembered"
+
+    await accounts.revoke_token(token_id, actor="operator:test")
+    # well within MAX_AGE: only the revocation's NOTIFY can have dropped it
+    await eventually(lambda: cache.agent_for(secret), lambda agent: agent is None, within=MAX_AGE / 2)
 
 
 async def test_while_the_hub_is_down_every_lookup_asks_the_database(dsn, pool):
@@ -107,16 +113,11 @@ async def test_while_the_hub_is_down_every_lookup_asks_the_database(dsn, pool):
     assert accounts.lookups == 5
 
 
-async def test_an_entry_is_never_trusted_past_max_age(dsn, pool):
+async def test_an_entry_is_never_trusted_past_max_age(hub, pool):
     accounts = CountingAccounts(pool)
     _, secret = await accounts.add_token("aging", ["work"])
-    hub = Hub(dsn)
-    await hub.start()
-    try:
-        cache = TokenCache(accounts, hub)
-        await cache.agent_for(secret)
-        await asyncio.sleep(MAX_AGE * 1.2)  # the age itself is what is under test
-        await cache.agent_for(secret)
-        assert accounts.lookups == 2
-    finally:
-        await hub.stop()
+    cache = TokenCache(accounts, hub)
+    await cache.agent_for(secret)
+    await asyncio.sleep(MAX_AGE * 1.2)  # the age itself is what is under test
+    await cache.agent_for(secret)
+    assert accounts.lookups == 2
