@@ -237,7 +237,8 @@ class AppProcess:
             try:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
-                log(f"the app (pid {self.proc.pid}) did not stop on SIGTERM; killing it")
+                log(f"the app (pid {self.proc.pid}) did not stop on SIGTERM; killing it. Its log ends:")
+                log(self.tail(15))
                 self.proc.kill()
                 self.proc.wait()
         if self._log is not None:
