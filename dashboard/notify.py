@@ -134,6 +134,11 @@ class Hub:
         self._subscribers.add(sub)
         return sub
 
+    @property
+    def stopping(self) -> bool:
+        """The process is stopping (end_all was called)."""
+        return self._ending
+
     def end_all(self) -> None:
         """The process is stopping: every subscription, now and later, is ended."""
         self._ending = True
