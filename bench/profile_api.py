@@ -158,6 +158,7 @@ async def profile(server_proc: AppProcess, loop, token: str, args) -> tuple[int,
                 str(args.seconds),
                 "-r",
                 str(args.rate),
+                *(["--native"] if args.native else []),
                 "-f",
                 "raw",
                 "-o",
@@ -268,6 +269,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--runs", type=int, default=3, help="runs with --compare (3)")
     parser.add_argument("--top", type=int, default=25, help="functions to list (25)")
+    parser.add_argument("--native", action="store_true", help="py-spy --native: C frames too (slower)")
     parser.add_argument("--out", default="/tmp/sb-profile.txt", help="the raw py-spy output")
     args = parser.parse_args(argv)
     args.todos = args.todos or (4000 if args.compare else 40_000)
