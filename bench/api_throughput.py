@@ -18,8 +18,18 @@ tables truncated, refilled, vacuumed, analyzed and checkpointed before each one)
   workers on a pool of N connections); and the HTTP loop with `complete` carrying `next`
   (one request per todo). The variants of one agent count run one after the other in a
   rotating order within each repetition, so machine noise hits them alike;
+- the bare app (bench/bare_app.py: Litestar + asyncpg under uvicorn, one worker, uvloop and
+  httptools, no auth, no middleware) at 4 and 16 agents, serving POST /claims and POST
+  /complete with the same two statements (TRANSITIONS.claim_batch n=1, .complete with
+  scope NULL) on a pool of the same size, driven by the same client loop: the server
+  CPU per request (the server process's CPU time over the measurement / requests sent)
+  of ours against it;
+- batches of 10 at 4 agents: POST /api/v1/claims with max=10 (→ {"todos": [...]}), then
+  one POST /api/v1/acks completing them all (→ {"results": [...]}), over --batched-todos
+  todos, against the single-todo HTTP loop (skipped, with a note, when the app refuses
+  `max`);
 - claim latency: every POST /api/v1/claims that returned a todo in the HTTP
-  claim + complete runs (all repetitions pooled);
+  claim + complete runs (all repetitions pooled), and the bare app's beside it;
 - long-poll wake-up: POST /api/v1/claims with wait=10 on an empty queue, then (300 ms
   later, once it waits) an enqueue from another connection; from the enqueue's commit
   returning to the agent having the todo (response read).
@@ -28,8 +38,10 @@ The load generator (this process), the app process and PostgreSQL share the mach
 cores: the CPU column gives the CPU milliseconds per todo spent in the app process and in
 this process (the httpx clients, or the Store workers), and how many cores the rest of
 the machine kept busy meanwhile (PostgreSQL, and anything else running: on a shared
-machine, that is noise to read the figures against). Progress goes to stderr; the
-tables to stdout.
+machine, that is noise to read the figures against). Every table is printed with the load
+average. Ratios are medians of per-repetition ratios (variants that ran back to back).
+Progress goes to stderr; the tables to stdout. Targets are reported, never adjusted: a
+miss is printed and the exit status is 0 unless --strict.
 """
 
 from __future__ import annotations
@@ -42,7 +54,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,6 +76,11 @@ AGENT_COUNTS = (1, 4, 16)
 FILL_CHUNK = 1000  # Store.create_many's limit
 WAKE_DELAY = 0.3  # s between sending the long-poll claim and the enqueue
 HTTP_RATIO_TARGET = 0.5  # HTTP ≥ 0.5× direct at 16 agents
+BARE_AGENT_COUNTS = (4, 16)
+BARE_CPU_TARGET = 1.2  # server CPU per request: ours ≤ 1.2× the bare app's, at 4 and 16 agents
+BATCH = 10  # todos per claim and per acks request in the batch row
+BATCH_AGENTS = 4
+BATCH_RATIO_TARGET = 4.0  # batches of 10 ≥ 4× the single-todo HTTP loop, at 4 agents
 CLAIM_P99_TARGET_MS = 50.0
 WAKE_P95_TARGET_MS = 25.0
 
@@ -96,24 +113,54 @@ def check(r: httpx.Response, what: str) -> None:
         raise RuntimeError(f"{what}: HTTP {r.status_code} {r.text[:300]}")
 
 
-async def http_claim_complete(client: httpx.AsyncClient, latencies: list[float]) -> int:
+@dataclass(frozen=True)
+class Routes:
+    """Where the claim + complete loop sends its two requests: our API, or the bare app's."""
+
+    claim: str
+    complete: Callable[[dict], tuple[str, dict]]  # the claimed todo → (path, body)
+
+
+OURS = Routes("/api/v1/claims", lambda t: (f"/api/v1/todos/{t['id']}/complete", {"lease": t["lease"]}))
+BARE = Routes("/claims", lambda t: ("/complete", {"id": t["id"], "lease": t["lease"]}))
+
+
+@dataclass
+class Tally:
+    """Requests sent by all the agents of one measurement."""
+
+    requests: int = 0
+
+
+async def http_claim_complete(
+    client: httpx.AsyncClient, latencies: list[float], tally: Tally, routes: Routes = OURS
+) -> int:
     done = 0
     while True:
         started = time.perf_counter()
-        r = await client.post("/api/v1/claims", json=CLAIM_BODY)
+        r = await client.post(routes.claim, json=CLAIM_BODY)
+        tally.requests += 1
         if r.status_code == 204:
             return done
         latencies.append((time.perf_counter() - started) * 1000)
         check(r, "claim")
         todo = r.json()
-        r = await client.post(f"/api/v1/todos/{todo['id']}/complete", json={"lease": todo["lease"]})
+        path, body = routes.complete(todo)
+        r = await client.post(path, json=body)
+        tally.requests += 1
         check(r, "complete")
         done += 1
 
 
-async def http_complete_next(client: httpx.AsyncClient, latencies: list[float]) -> int:
+async def bare_claim_complete(client: httpx.AsyncClient, latencies: list[float], tally: Tally) -> int:
+    """The same loop, against the bare app's routes."""
+    return await http_claim_complete(client, latencies, tally, BARE)
+
+
+async def http_complete_next(client: httpx.AsyncClient, latencies: list[float], tally: Tally) -> int:
     done = 0
     r = await client.post("/api/v1/claims", json=CLAIM_BODY)
+    tally.requests += 1
     if r.status_code == 204:
         return done
     check(r, "claim")
@@ -122,10 +169,51 @@ async def http_complete_next(client: httpx.AsyncClient, latencies: list[float]) 
         r = await client.post(
             f"/api/v1/todos/{todo['id']}/complete", json={"lease": todo["lease"], "next": NEXT}
         )
+        tally.requests += 1
         check(r, "complete with next")
         todo = r.json()["next"]
         done += 1
     return done
+
+
+BATCH_CLAIM_BODY = {"queues": [QUEUE], "ttl": TTL, "max": BATCH}
+
+
+def acks_body(todos: list[dict]) -> dict:
+    return {"acks": [{"id": t["id"], "lease": t["lease"], "complete": {"result": None}} for t in todos]}
+
+
+async def http_batches(client: httpx.AsyncClient, latencies: list[float], tally: Tally) -> int:
+    """Claim up to BATCH todos in one request, complete them all in one POST /api/v1/acks."""
+    done = 0
+    while True:
+        started = time.perf_counter()
+        r = await client.post("/api/v1/claims", json=BATCH_CLAIM_BODY)
+        tally.requests += 1
+        if r.status_code == 204:
+            return done
+        check(r, "batch claim")
+        todos = r.json()["todos"]
+        if not todos:
+            return done
+        latencies.append((time.perf_counter() - started) * 1000)
+        r = await client.post("/api/v1/acks", json=acks_body(todos))
+        tally.requests += 1
+        check(r, "acks")
+        results = r.json()["results"]
+        answered = [(a.get("id"), a.get("status")) for a in results]
+        if answered != [(t["id"], 200) for t in todos]:
+            raise RuntimeError(f"acks: {len(todos)} acks answered {r.text[:300]}")
+        done += len(todos)
+
+
+async def batches_available(base: str, token: str) -> str | None:
+    """None when the app takes a batch claim ({"max": n} → {"todos": [...]}); else why not."""
+    async with agents(base, token, 1) as (client,):
+        r = await client.post("/api/v1/claims", json=BATCH_CLAIM_BODY)
+    if r.status_code == 200 and isinstance(r.json().get("todos"), list):
+        return None
+    return f"POST /api/v1/claims with max={BATCH} answered HTTP {r.status_code} {r.text[:200]}"
 
 
 async def store_claim_complete(store: Store, owner: str, latencies: list[float]) -> int:
@@ -169,29 +257,69 @@ async def agents(base: str, token: str, n: int):
 class CPUSeries(Series):
     """A Series with the CPU use of each repetition."""
 
-    cpus: list[tuple[float, float, float]] = field(default_factory=list)  # app ms, bench ms, rest
+    cpus: list[tuple[float, float, float]] = field(default_factory=list)  # server ms, bench ms, rest
+    per_request: list[float] = field(default_factory=list)  # server CPU ms per request (HTTP rows)
+    request_rates: list[float] = field(default_factory=list)  # requests/s (HTTP rows)
 
     def cpu(self) -> str:
-        app, bench, rest = (statistics.median(c[i] for c in self.cpus) for i in range(3))
-        return f"{app:.2f} / {bench:.2f} ms  {rest:.2f}"
+        server, bench, rest = (statistics.median(c[i] for c in self.cpus) for i in range(3))
+        return f"{server:.2f} / {bench:.2f} ms  {rest:.2f}"
+
+
+def paired(a: list[float], b: list[float]) -> float | None:
+    """The median of the per-repetition ratios a[i] / b[i]: each taken between two variants
+    that ran back to back, steadier than a ratio of medians when the load drifts."""
+    n = min(len(a), len(b))
+    return statistics.median(a[i] / b[i] for i in range(n)) if n else None
+
+
+def spread(values: list[float]) -> str:
+    """± half the min-max range, as a percentage of the median."""
+    if len(values) < 2:
+        return ""
+    return f"±{(max(values) - min(values)) * 50 / statistics.median(values):.0f}%"
 
 
 class Results:
     def __init__(self) -> None:
         self.series: dict[str, CPUSeries] = {}
         self.latency: dict[str, list[float]] = {}
+        self.loads: list[float] = []  # the 1-minute load average after each measurement
+        self.notes: list[str] = []
 
-    def add(self, key: str, label: str, rate: float, cpu: tuple[float, float, float]) -> None:
+    def add(self, key: str, label: str, rate: float, cpu: CPU, done: int, requests: int) -> None:
         s = self.series.setdefault(key, CPUSeries(key, label))
         s.rates.append(rate)
-        s.cpus.append(cpu)
+        s.cpus.append((*cpu.per_todo(done), cpu.rest))
+        if requests:
+            s.per_request.append(cpu.app * 1000 / requests)
+            s.request_rates.append(rate * requests / done)
+        self.loads.append(os.getloadavg()[0])
+
+
+def load_line(results: Results) -> str:
+    now = os.getloadavg()
+    during = f"; 1-min load after each measurement {min(results.loads):.2f}–{max(results.loads):.2f}"
+    return (
+        f"load average now {now[0]:.2f} / {now[1]:.2f} / {now[2]:.2f} (1 / 5 / 15 min, "
+        f"{os.cpu_count()} CPUs){during if results.loads else ''}"
+    )
 
 
 # -- the measurements ------------------------------------------------------------------------
 
 
+@dataclass
+class Variant:
+    key: str
+    label: str
+    todos: int
+    run: Callable[[], Awaitable[tuple[float, int, CPU, int]]]
+
+
 async def throughput(
     app: AppProcess,
+    bare: AppProcess,
     dsn: str,
     token: str,
     admin: asyncpg.Connection,
@@ -199,14 +327,18 @@ async def throughput(
     args,
     results: Results,
     rep: int,
+    with_batches: bool,
 ) -> None:
-    async def http(n_agents: int, loop: Callable, latencies: list[float]) -> tuple[float, int, CPU]:
-        async with agents(app.base, token, n_agents) as clients:
-            with CPUMeter(app) as meter:
-                seconds, done = await timed([loop(c, latencies) for c in clients])
-        return seconds, done, meter.result
+    async def http(
+        server: AppProcess, n_agents: int, loop: Callable, latencies: list[float]
+    ) -> tuple[float, int, CPU, int]:
+        tally = Tally()
+        async with agents(server.base, token, n_agents) as clients:
+            with CPUMeter(server) as meter:
+                seconds, done = await timed([loop(c, latencies, tally) for c in clients])
+        return seconds, done, meter.result, tally.requests
 
-    async def direct(n_workers: int, latencies: list[float]) -> tuple[float, int, CPU]:
+    async def direct(n_workers: int, latencies: list[float]) -> tuple[float, int, CPU, int]:
         pool = await dbmod.create_pool(dsn, min_size=n_workers, max_size=n_workers)
         try:
             store = Store(pool)
@@ -216,48 +348,71 @@ async def throughput(
                 )
         finally:
             await pool.close()
-        return seconds, done, meter.result
+        return seconds, done, meter.result, 0
 
     for n in AGENT_COUNTS:
         count = args.todos if n > 1 else max(100, args.todos // 8)
         plural = "s" if n > 1 else ""
-        claim_lat = results.latency.setdefault(f"claim@{n}", [])
-        direct_lat = results.latency.setdefault(f"direct@{n}", [])
+        lat = {k: results.latency.setdefault(f"{k}@{n}", []) for k in ("claim", "direct", "bare", "batch")}
         variants = [
-            (
+            Variant(
                 f"http@{n}",
                 f"HTTP claim + complete, {n} agent{plural}",
-                lambda n=n, lat=claim_lat: http(n, http_claim_complete, lat),
+                count,
+                lambda n=n, lat=lat: http(app, n, http_claim_complete, lat["claim"]),
             ),
-            (
+            Variant(
                 f"direct@{n}",
                 f"Store.claim_next + Store.complete, {n} worker{plural}",
-                lambda n=n, lat=direct_lat: direct(n, lat),
+                count,
+                lambda n=n, lat=lat: direct(n, lat["direct"]),
             ),
         ]
         if n > 1:
             variants.append(
-                (
+                Variant(
                     f"next@{n}",
                     f"HTTP complete with next (1 request/todo), {n} agents",
-                    lambda n=n: http(n, http_complete_next, []),
+                    count,
+                    lambda n=n: http(app, n, http_complete_next, []),
                 )
             )
-        log(f"[throughput] run {rep + 1}/{args.runs}, {n} agent{plural}, {count} todos each")
-        for key, label, run in rotated(variants, rep):
-            await fill(admin, fill_store, count)
-            seconds, done, cpu = await run()
-            if done != count:
-                raise RuntimeError(f"{label}: processed {done} of {count}")
-            await harness.expect_states(admin, {"done": count}, label)
-            app.check_alive()
-            rate = done / seconds
-            app_ms, bench_ms = cpu.per_todo(done)
-            log(
-                f"  {label:<58} {rate:>8,.0f} todos/s  ({done} in {seconds:.2f} s; CPU per todo: "
-                f"app {app_ms:.2f} ms, bench {bench_ms:.2f} ms; rest of machine {cpu.rest:.2f} cores)"
+        if n in BARE_AGENT_COUNTS:
+            variants.append(
+                Variant(
+                    f"bare@{n}",
+                    f"bare Litestar + asyncpg app, same loop, {n} agents",
+                    count,
+                    lambda n=n, lat=lat: http(bare, n, bare_claim_complete, lat["bare"]),
+                )
             )
-            results.add(key, label, rate, (app_ms, bench_ms, cpu.rest))
+        if n == BATCH_AGENTS and with_batches:
+            variants.append(
+                Variant(
+                    f"batch@{n}",
+                    f"HTTP batches of {BATCH}: claims max={BATCH} + acks, {n} agents",
+                    args.batched_todos,
+                    lambda n=n, lat=lat: http(app, n, http_batches, lat["batch"]),
+                )
+            )
+        log(f"[throughput] run {rep + 1}/{args.runs}, {n} agent{plural}")
+        for v in rotated(variants, rep):
+            await fill(admin, fill_store, v.todos)
+            seconds, done, cpu, requests = await v.run()
+            if done != v.todos:
+                raise RuntimeError(f"{v.label}: processed {done} of {v.todos}")
+            await harness.expect_states(admin, {"done": v.todos}, v.label)
+            app.check_alive()
+            bare.check_alive()
+            rate = done / seconds
+            server_ms, bench_ms = cpu.per_todo(done)
+            per_request = f", {cpu.app * 1000 / requests:.2f} ms per request" if requests else ""
+            log(
+                f"  {v.label:<58} {rate:>8,.0f} todos/s  ({done} in {seconds:.2f} s; CPU per todo: "
+                f"server {server_ms:.2f} ms{per_request}, bench {bench_ms:.2f} ms; rest of machine "
+                f"{cpu.rest:.2f} cores; load {os.getloadavg()[0]:.2f})"
+            )
+            results.add(v.key, v.label, rate, cpu, done, requests)
 
 
 async def healthz(app: AppProcess, token: str, n: int) -> list[float]:
@@ -303,26 +458,43 @@ async def wake_up(app: AppProcess, token: str, store: Store, n: int) -> list[flo
 # -- the report --------------------------------------------------------------------------------
 
 
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+SHORT = {"direct": "Store direct", "http": "HTTP single", "bare": "bare app"}
+
+
+def short(key: str) -> str:
+    """What a ratio is taken against, in a few words: `direct@4` → `Store direct, 4`."""
+    kind, _, n = key.partition("@")
+    return f"{SHORT.get(kind, kind)}, {n}"
+
+
+def without_empty_sections(rows: list[tuple]) -> list[tuple]:
+    """Drop the section headings (one-cell rows) that no row follows."""
+    return [r for i, r in enumerate(rows) if len(r) > 1 or (i + 1 < len(rows) and len(rows[i + 1]) > 1)]
+
+
 def render(results: Results, header: list[str]) -> str:
     s = results.series
     rows: list[tuple] = [
-        ("scenario", "todos/s", "spread", "ratio", "vs", "target", "result", "CPU/todo: app / bench  rest")
+        ("scenario", "todos/s", "spread", "ratio", "vs", "target", "result", "CPU/todo: server / bench  rest")
     ]
 
     def row(key: str, versus: str | None = None, target: float | None = None) -> None:
         if key not in s:
             return
         series = s[key]
-        ratio = series.median / s[versus].median if versus in s else None
-        verdict = "" if target is None or ratio is None else ("PASS" if ratio >= target else "MISS")
+        ratio = paired(series.rates, s[versus].rates) if versus in s else None
         rows.append(
             (
                 series.label,
                 *series.rate_cells(),
                 "" if ratio is None else f"{ratio:.2f}×",
-                "" if versus is None else ("direct" if versus.startswith("direct") else versus),
+                "" if ratio is None else short(versus),
                 "" if target is None else f"≥ {target:.2f}×",
-                verdict,
+                "" if target is None or ratio is None else verdict(ratio >= target),
                 series.cpu(),
             )
         )
@@ -331,78 +503,155 @@ def render(results: Results, header: list[str]) -> str:
     for n in AGENT_COUNTS:
         row(f"direct@{n}")
         row(f"http@{n}", f"direct@{n}", HTTP_RATIO_TARGET if n == 16 else None)
+        row(f"bare@{n}", f"direct@{n}")
     rows.append(("complete carrying next: one request per todo",))
     for n in AGENT_COUNTS[1:]:
         row(f"next@{n}", f"direct@{n}")
-    lines = [*header, "", *table(rows, {1, 2, 3})]
+    rows.append((f"batches: claim up to {BATCH} in one request, complete them in one POST /api/v1/acks",))
+    row(f"batch@{BATCH_AGENTS}", f"http@{BATCH_AGENTS}", BATCH_RATIO_TARGET)
+    lines = [*header, load_line(results), "", *table(without_empty_sections(rows), {1, 2, 3})]
+    lines += [f"note: {note}" for note in results.notes]
 
-    lat: list[tuple] = [("latency", "p50", "p95", "p99", "n", "target", "result")]
-    base = results.latency.get("healthz") or []
-    if base:
-        lat.append(("baseline: the same app, no database",))
-        lat.append(
-            (
-                "GET /healthz, 1 client",
-                f"{pct(base, 50):.1f} ms",
-                f"{pct(base, 95):.1f} ms",
-                f"{pct(base, 99):.1f} ms",
-                f"{len(base):,}",
-                "",
-                "",
-            )
+    cpu: list[tuple] = [
+        (
+            "server CPU per HTTP request",
+            "requests/s",
+            "CPU/request",
+            "spread",
+            "CPU/todo",
+            "ratio",
+            "target",
+            "result",
         )
-    lat.append(("POST /api/v1/claims when work is ready (inside the claim + complete loops)",))
-    for n in AGENT_COUNTS:
-        v = results.latency.get(f"claim@{n}") or []
-        if not v:
+    ]
+    for n in BARE_AGENT_COUNTS:
+        bare = s.get(f"bare@{n}")
+        if bare is None:
             continue
-        p99 = pct(v, 99)
-        lat.append(
-            (
-                f"claim latency, {n} agent{'s' if n > 1 else ''}",
-                f"{pct(v, 50):.1f} ms",
-                f"{pct(v, 95):.1f} ms",
-                f"{p99:.1f} ms",
-                f"{len(v):,}",
-                f"p99 ≤ {CLAIM_P99_TARGET_MS:.0f} ms",
-                "PASS" if p99 <= CLAIM_P99_TARGET_MS else "MISS",
-            )
+        cpu.append(
+            (f"{n} agents; ratio: ours / the bare app, both claim + complete (two requests per todo)",)
         )
-    lat.append(("Store.claim_next directly, for comparison (inside the direct loops)",))
-    for n in AGENT_COUNTS:
-        v = results.latency.get(f"direct@{n}") or []
-        if v:
-            lat.append(
+        for key in (f"bare@{n}", f"http@{n}", f"next@{n}", f"batch@{n}"):
+            series = s.get(key)
+            if series is None or not series.per_request:
+                continue
+            ours = key == f"http@{n}"
+            ratio = paired(series.per_request, bare.per_request) if ours else None
+            cpu.append(
                 (
-                    f"Store.claim_next latency, {n} worker{'s' if n > 1 else ''}",
-                    f"{pct(v, 50):.1f} ms",
-                    f"{pct(v, 95):.1f} ms",
-                    f"{pct(v, 99):.1f} ms",
-                    f"{len(v):,}",
-                    "",
-                    "",
+                    series.label,
+                    f"{statistics.median(series.request_rates):,.0f}",
+                    f"{statistics.median(series.per_request):.3f} ms",
+                    spread(series.per_request),
+                    f"{statistics.median(c[0] for c in series.cpus):.3f} ms",
+                    "" if ratio is None else f"{ratio:.2f}×",
+                    f"≤ {BARE_CPU_TARGET:.2f}×" if ours else "",
+                    "" if ratio is None else verdict(ratio <= BARE_CPU_TARGET),
                 )
             )
-    wake = results.latency.get("wake") or []
-    if wake:
-        p95 = pct(wake, 95)
-        lat.append(("long-poll wake-up: POST /api/v1/claims wait=10, then an enqueue",))
+    if len(cpu) > 1:
+        lines += [
+            "",
+            "server CPU: the server process's user + system CPU time (psutil) over the measurement, "
+            "per request; ratio: median of the per-repetition ratios",
+            load_line(results),
+            "",
+            *table(cpu, {1, 2, 3, 4, 5}),
+        ]
+
+    lat: list[tuple] = [("latency", "p50", "p95", "p99", "n", "target", "result")]
+
+    def lat_row(label: str, v: list[float], target: float | None = None, q: int = 99) -> None:
+        if not v:
+            return
         lat.append(
             (
-                "enqueue's commit returned → the agent has the todo",
-                f"{pct(wake, 50):.1f} ms",
-                f"{p95:.1f} ms",
-                f"{pct(wake, 99):.1f} ms",
-                str(len(wake)),
-                f"p95 ≤ {WAKE_P95_TARGET_MS:.0f} ms",
-                "PASS" if p95 <= WAKE_P95_TARGET_MS else "MISS",
+                label,
+                f"{pct(v, 50):.1f} ms",
+                f"{pct(v, 95):.1f} ms",
+                f"{pct(v, 99):.1f} ms",
+                f"{len(v):,}",
+                "" if target is None else f"p{q} ≤ {target:.0f} ms",
+                "" if target is None else verdict(pct(v, q) <= target),
             )
         )
-    lines += ["", *table(lat, {1, 2, 3, 4})]
+
+    if results.latency.get("healthz"):
+        lat.append(("baseline: the same app, no database",))
+        lat_row("GET /healthz, 1 client", results.latency["healthz"])
+    lat.append(("POST /api/v1/claims when work is ready (inside the claim + complete loops)",))
+    for n in AGENT_COUNTS:
+        lat_row(
+            f"claim latency, {n} agent{'s' if n > 1 else ''}",
+            results.latency.get(f"claim@{n}"),
+            CLAIM_P99_TARGET_MS,
+        )
+    lat.append(("the bare app's POST /claims, same loop, for comparison",))
+    for n in BARE_AGENT_COUNTS:
+        lat_row(f"bare app claim latency, {n} agents", results.latency.get(f"bare@{n}"))
+    lat.append((f"POST /api/v1/claims max={BATCH} that returned todos (inside the batch loop)",))
+    lat_row(f"batch claim latency, {BATCH_AGENTS} agents", results.latency.get(f"batch@{BATCH_AGENTS}"))
+    lat.append(("Store.claim_next directly, for comparison (inside the direct loops)",))
+    for n in AGENT_COUNTS:
+        lat_row(
+            f"Store.claim_next latency, {n} worker{'s' if n > 1 else ''}", results.latency.get(f"direct@{n}")
+        )
+    if results.latency.get("wake"):
+        lat.append(("long-poll wake-up: POST /api/v1/claims wait=10, then an enqueue",))
+        lat_row(
+            "enqueue's commit returned → the agent has the todo",
+            results.latency["wake"],
+            WAKE_P95_TARGET_MS,
+            95,
+        )
+    lines += ["", load_line(results), "", *table(without_empty_sections(lat), {1, 2, 3, 4})]
     return "\n".join(lines)
 
 
+def missed(results: Results) -> list[str]:
+    """The targets missed, for --strict."""
+    s = results.series
+    out = []
+
+    def ratio(a: str, b: str, per_request: bool = False) -> float | None:
+        if a not in s or b not in s:
+            return None
+        if per_request:
+            return paired(s[a].per_request, s[b].per_request)
+        return paired(s[a].rates, s[b].rates)
+
+    r = ratio("http@16", "direct@16")
+    if r is not None and r < HTTP_RATIO_TARGET:
+        out.append("HTTP vs direct at 16 agents")
+    for n in BARE_AGENT_COUNTS:
+        r = ratio(f"http@{n}", f"bare@{n}", per_request=True)
+        if r is not None and r > BARE_CPU_TARGET:
+            out.append(f"server CPU per request vs the bare app at {n} agents")
+    r = ratio(f"batch@{BATCH_AGENTS}", f"http@{BATCH_AGENTS}")
+    if r is not None and r < BATCH_RATIO_TARGET:
+        out.append(f"batches vs single todos at {BATCH_AGENTS} agents")
+    claims = results.latency.get("claim@16")
+    if claims and pct(claims, 99) > CLAIM_P99_TARGET_MS:
+        out.append("claim p99 at 16 agents")
+    wake = results.latency.get("wake")
+    if wake and pct(wake, 95) > WAKE_P95_TARGET_MS:
+        out.append("long-poll wake-up p95")
+    return out
+
+
 # -- main --------------------------------------------------------------------------------
+
+
+class BareApp(AppProcess):
+    """bench/bare_app.py under uvicorn (one worker, uvloop, httptools), stopped by its pid."""
+
+    def __init__(self, dsn: str, log_path: Path) -> None:
+        path = os.pathsep.join(p for p in (str(harness.ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        super().__init__(dsn, log_path, env={"PYTHONPATH": path})
+
+    def command(self) -> list[str]:
+        script = Path(__file__).resolve().parent / "bare_app.py"
+        return [sys.executable, str(script), "--host", "127.0.0.1", "--port", str(self.port)]
 
 
 async def run_all(server: Server, args, tmp: Path) -> int:
@@ -410,6 +659,7 @@ async def run_all(server: Server, args, tmp: Path) -> int:
     load_before = os.getloadavg()
     results = Results()
     app: AppProcess | None = None
+    bare: BareApp | None = None
     try:
         settings = await harness.server_settings(server.dsn)
         dsn = await server.new_database("api")
@@ -420,6 +670,14 @@ async def run_all(server: Server, args, tmp: Path) -> int:
             app = AppProcess(dsn, tmp / "app.log")
             log(f"starting the app on {app.base}")
             await app.start()
+            bare = BareApp(dsn, tmp / "bare.log")
+            log(f"starting the bare app on {bare.base}")
+            await bare.start()
+            await admin.execute("TRUNCATE todos, todo_history, events")
+            why_not = await batches_available(app.base, token)
+            if why_not:
+                results.notes.append(f"no batch row: {why_not}")
+                log(f"no batch row: {why_not}")
             app_conns = await admin.fetchval(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                 "AND pid <> pg_backend_pid() AND pid <> $1",
@@ -428,7 +686,9 @@ async def run_all(server: Server, args, tmp: Path) -> int:
             fill_store = Store(fill_conn)
             wake_per_run = -(-args.wake // args.runs)
             for rep in range(args.runs):
-                await throughput(app, dsn, token, admin, fill_store, args, results, rep)
+                await throughput(
+                    app, bare, dsn, token, admin, fill_store, args, results, rep, with_batches=not why_not
+                )
                 log(f"[wake-up] run {rep + 1}/{args.runs}, {wake_per_run} samples")
                 await admin.execute("TRUNCATE todos, todo_history, events")
                 results.latency.setdefault("wake", []).extend(
@@ -442,8 +702,9 @@ async def run_all(server: Server, args, tmp: Path) -> int:
             await fill_conn.close()
             await admin.close()
     finally:
-        if app is not None:
-            app.stop()
+        for process in (app, bare):
+            if process is not None:
+                process.stop()
         await server.drop_all()
 
     cpus = os.cpu_count()
@@ -451,18 +712,23 @@ async def run_all(server: Server, args, tmp: Path) -> int:
         f"switchboard agent API throughput — PostgreSQL {settings['version']} ({server.description})",
         harness.settings_line(settings, harness.SHOWN_SETTINGS),
         f"{cpus} CPUs shared by the load generator (this process: httpx clients or Store workers), "
-        f"the app process (uvicorn, 1 worker, {app_conns} database connections at start) and "
-        "PostgreSQL — the HTTP rows pay for the client too",
+        f"the app process (uvicorn, 1 worker, {app_conns} database connections at start), the bare "
+        "app's process (idle but for its rows) and PostgreSQL — the HTTP rows pay for the client too",
         f"load average {load_before[0]:.1f} at start, {os.getloadavg()[0]:.1f} at end; Python "
         f"{platform.python_version()}, httpx {httpx.__version__}, asyncpg {asyncpg.__version__}",
-        f"{args.todos:,} todos per measurement ({max(100, args.todos // 8):,} at 1 agent), median of "
+        f"{args.todos:,} todos per measurement ({max(100, args.todos // 8):,} at 1 agent, "
+        f"{args.batched_todos:,} in batches), median of "
         f"{args.runs} run(s) (spread: ± half the min-max range); {time.perf_counter() - started:.0f} s "
         "in all",
-        "CPU/todo: CPU ms per todo of the app process and of this process (the client side); rest: "
-        "cores busy elsewhere on the machine (PostgreSQL, and anything else running) — medians",
+        "CPU/todo: CPU ms per todo of the server process (ours, or the bare app in its rows) and of "
+        "this process (the client side); rest: cores busy elsewhere on the machine (PostgreSQL, and "
+        "anything else running) — medians; ratio: median of the per-repetition ratios",
     ]
     print(render(results, header), flush=True)
-    return 0
+    misses = missed(results)
+    if misses:
+        log(f"targets missed: {', '.join(misses)}")
+    return 1 if misses and args.strict else 0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -471,14 +737,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--todos", type=int, help="todos per measurement (4000)")
     parser.add_argument("--wake", type=int, help="long-poll wake-up samples in all (30)")
     parser.add_argument(
+        "--batched-todos", type=int, help="todos per measurement in the batch row (4 × --todos)"
+    )
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument(
         "--quick", action="store_true", help="smoke run: 400 todos, 1 run, 10 wake-ups (unless given)"
     )
     args = parser.parse_args(argv)
     args.runs = args.runs or (1 if args.quick else 3)
     args.todos = args.todos or (400 if args.quick else 4000)
     args.wake = args.wake or (10 if args.quick else 30)
-    if args.runs < 1 or args.todos < 100 or args.wake < 1:
-        parser.error("--runs and --wake must be at least 1, --todos at least 100")
+    args.batched_todos = args.batched_todos or 4 * args.todos
+    if args.runs < 1 or args.todos < 100 or args.wake < 1 or args.batched_todos < 100:
+        parser.error("--runs and --wake must be at least 1, --todos and --batched-todos at least 100")
     return args
 
 

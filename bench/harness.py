@@ -174,21 +174,28 @@ def free_port() -> int:
 
 
 class AppProcess:
-    """`python -m dashboard.cli serve` on a free port, stopped by its pid."""
+    """`python -m dashboard.cli serve` on a free port, stopped by its pid; `env` is added
+    to its environment. A subclass may run another server (command()) that answers
+    GET /healthz the same way."""
 
-    def __init__(self, dsn: str, log_path: Path) -> None:
+    def __init__(self, dsn: str, log_path: Path, env: dict[str, str] | None = None) -> None:
         self.dsn = dsn
         self.log_path = log_path
+        self.env = env or {}
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
         self._log = None
 
+    def command(self) -> list[str]:
+        serve = ["serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        return [sys.executable, "-m", "dashboard.cli", *serve]
+
     def spawn(self) -> None:
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
-        env = {**os.environ, "DATABASE_URL": self.dsn}
+        env = {**os.environ, **self.env, "DATABASE_URL": self.dsn}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dashboard.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
+            self.command(),
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -230,7 +237,8 @@ class AppProcess:
             try:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
-                log(f"the app (pid {self.proc.pid}) did not stop on SIGTERM; killing it")
+                log(f"the app (pid {self.proc.pid}) did not stop on SIGTERM; killing it. Its log ends:")
+                log(self.tail(15))
                 self.proc.kill()
                 self.proc.wait()
         if self._log is not None:
