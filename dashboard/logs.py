@@ -29,6 +29,8 @@ class BackgroundHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self._records.append(record)  # atomic; formatted later, in the thread
+        if self._stopping.is_set():  # closed (logging.config closes every handler): write now
+            self._write()
 
     def _run(self) -> None:
         while not self._stopping.wait(FLUSH_EVERY):

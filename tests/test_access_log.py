@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import re
+import time
 
+from dashboard.logs import FLUSH_EVERY, BackgroundHandler
 from dashboard.web.access_log import access_log
 from tests.factories import agent_token
 
@@ -35,3 +38,25 @@ async def test_with_the_json_format_each_line_is_a_json_object(monkeypatch, capl
     line = json.loads(caplog.records[-1].getMessage())
     assert line["method"] == "GET" and line["route"] == "/tea" and line["status"] == 418
     assert line["duration_ms"] >= 0
+
+
+def test_serves_log_writer_writes_from_its_thread_and_still_writes_once_logging_config_closed_it():
+    """dashboard/logs.py: a record reaches the real handler within a few flushes; after a
+    logging.config call (uvicorn makes one) has closed the writer, records are written at once."""
+    stream = io.StringIO()
+    writer = BackgroundHandler([logging.StreamHandler(stream)])
+    logger = logging.getLogger("switchboard.test-writer")
+    logger.addHandler(writer)
+    logger.propagate = False
+    try:
+        logger.warning("first")
+        deadline = time.monotonic() + 20 * FLUSH_EVERY
+        while "first" not in stream.getvalue():
+            assert time.monotonic() < deadline, "the writer thread never wrote the record"
+            time.sleep(FLUSH_EVERY / 10)
+        writer.close()  # as logging.config does to every handler (uvicorn configures logging)
+        logger.warning("second")
+        assert "second" in stream.getvalue()
+    finally:
+        logger.removeHandler(writer)
+        writer.close()

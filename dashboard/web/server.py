@@ -187,6 +187,8 @@ async def _run(host: str, port: int, newcomer: bool, limits: Limits) -> None:
         app = create_app(db.dsn, await load_config(db))
         await db.pool.close()  # the app opens its own; the embedded server stays up until close()
         config = uvicorn_config(app, host, port, limits)
+        # After uvicorn's logging set-up, which closes every handler there was.
+        logs.write_in_background()  # a line per request, written off the event loop
         log.info(
             "at most %d connections; a request head must arrive within %gs; keep-alive %gs",
             limits.max_connections,
@@ -224,7 +226,6 @@ async def _first_operator(db) -> None:
 
 def serve(host: str, port: int, *, newcomer: bool) -> int:
     logging.getLogger("switchboard").setLevel(logging.INFO)
-    logs.write_in_background()  # a line per request, written off the event loop
     limits = fit_file_limit(Limits.from_environ())  # a bad setting stops here, before the database
     # uvloop: a third less event-loop time per API request than asyncio's own loop. uvicorn
     # would pick it itself, but only when it makes the loop; here serve() runs inside ours.
