@@ -8,6 +8,7 @@ may have changed in queue q", and a resync that hints may have been lost meanwhi
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 
 import msgspec
@@ -23,6 +24,9 @@ from dashboard.store import Store
 KEEPALIVE = 15.0
 PAGE_HINT_INTERVAL = 0.5  # a page gets at most two refresh hints a second
 POLL_FALLBACK = 5.0  # a waiting claim re-checks this often even when no hint arrives
+# ± this share of POLL_FALLBACK at random: claims that began waiting together (a fleet of
+# agents started at once) do not all re-check in the same instant.
+POLL_JITTER = 0.2
 
 RESYNC = ServerSentEventMessage(event="resync", data="{}")
 CONNECTED = ServerSentEventMessage(comment="connected")
@@ -157,5 +161,5 @@ async def claim_waiting(
             remaining = deadline - loop.time()
             if todos or remaining <= 0:
                 return todos
-            await sub.wait(min(remaining, POLL_FALLBACK))
+            await sub.wait(min(remaining, POLL_FALLBACK * random.uniform(1 - POLL_JITTER, 1 + POLL_JITTER)))
             sub.take()
