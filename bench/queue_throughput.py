@@ -47,7 +47,7 @@ from stats import Series, rotated, table, timed
 
 from dashboard import db as dbmod
 from dashboard import queries
-from dashboard.models import NewTodo
+from dashboard.models import PRODUCER, Actor, NewTodo
 from dashboard.store import Store
 
 QUEUE = "bench"
@@ -76,11 +76,13 @@ SEED_DONE = 10_000
 # statements are renamed or take other parameters, adapt this section, and only it.
 
 SQL = queries.TRANSITIONS
+FILLER = Actor("producer", "bench")  # who the fill's history rows name
 CLAIM, COMPLETE, CREATE = SQL.claim_batch, SQL.complete, SQL.create_todos
 
 
-def create_values(ids, numbers, keys, actor: str) -> dict:
-    """create_todos' values for plain asyncpg (payloads passed as JSON text)."""
+def create_values(ids, numbers, keys, actor: Actor) -> dict:
+    """create_todos' values for plain asyncpg (payloads passed as JSON text); `actor` is
+    recorded on the history rows as (actor_kind, actor), as Store.create_many does."""
     n = len(ids)
     return {
         "ids": ids,
@@ -94,7 +96,8 @@ def create_values(ids, numbers, keys, actor: str) -> dict:
         "max_attempts": [5] * n,
         "event_ids": [None] * n,
         "dedupe_hits": [0] * n,
-        "actor": actor,
+        "actor_kind": actor.kind,
+        "actor": actor.name,
     }
 
 
@@ -111,7 +114,7 @@ async def check_parameters(conn: asyncpg.Connection) -> None:
     try:
         CLAIM.args(claim_values("check"))
         COMPLETE.args(complete_values("td_check", "check", 1))
-        CREATE.args(create_values(["td_check"], [0], [None], "check"))
+        CREATE.args(create_values(["td_check"], [0], [None], PRODUCER))
     except TypeError as exc:
         raise SystemExit(
             f"sql/queries/transitions.sql changed ({exc}); update the baseline statements in "
@@ -124,7 +127,7 @@ async def enqueue_pending(admin: asyncpg.Connection, n: int) -> None:
     for start in range(0, n, FILL_CHUNK):
         numbers = range(start, min(n, start + FILL_CHUNK))
         ids = [f"td_{uuid.uuid4()}" for _ in numbers]
-        await admin.execute(CREATE.sql, *CREATE.args(create_values(ids, numbers, [None] * len(ids), "bench")))
+        await admin.execute(CREATE.sql, *CREATE.args(create_values(ids, numbers, [None] * len(ids), FILLER)))
 
 
 async def baseline_claim_complete(conn: asyncpg.Connection, owner: str) -> int:
@@ -146,7 +149,7 @@ async def baseline_claim_complete(conn: asyncpg.Connection, owner: str) -> int:
 
 async def baseline_enqueue_one(conn: asyncpg.Connection, items: list[tuple]) -> int:
     for number, key in items:
-        values = create_values([f"td_{uuid.uuid4()}"], [number], [key], "producer")
+        values = create_values([f"td_{uuid.uuid4()}"], [number], [key], PRODUCER)
         await conn.fetch(CREATE.sql, *CREATE.args(values))
     return len(items)
 
@@ -157,9 +160,7 @@ async def baseline_enqueue_batches(conn: asyncpg.Connection, batches: list[list[
         ids = [f"td_{uuid.uuid4()}" for _ in batch]
         numbers = [number for number, _ in batch]
         keys = [key for _, key in batch]
-        total += len(
-            await conn.fetch(CREATE.sql, *CREATE.args(create_values(ids, numbers, keys, "producer")))
-        )
+        total += len(await conn.fetch(CREATE.sql, *CREATE.args(create_values(ids, numbers, keys, PRODUCER))))
     return total
 
 
@@ -238,8 +239,8 @@ async def reset(admin: asyncpg.Connection) -> None:
                FROM generate_series(1, $1) AS g
                RETURNING id
            )
-           INSERT INTO todo_history (todo_id, from_state, to_state, actor, attempt, note)
-           SELECT id, 'claimed', 'done', 'seed', 1, 'completed' FROM made""",
+           INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
+           SELECT id, 'claimed', 'done', 'agent', 'seed', 1, 'completed' FROM made""",
         SEED_DONE,
         QUEUE,
     )
