@@ -27,15 +27,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
 import os
 import platform
+import re
 import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -164,6 +166,157 @@ async def baseline_enqueue_batches(conn: asyncpg.Connection, batches: list[list[
     return total
 
 
+# -- the same statements as pgbench scripts ("the limit") --------------------------------
+# pgbench runs the statements' own text. Two things it cannot do decide how: it numbers
+# its own parameters (each `:variable` in a script becomes a `$n` under -M prepared), and
+# it cannot bind a NULL (a NULL variable goes out as the text 'NULL'). So each `$n` of a
+# statement is written back as a pgbench variable, except the parameters the Store passes
+# as None here (scope, result), which are written as the literal NULL; comments are
+# dropped. The owner is the client's number (pgbench's :client_id), one owner per client
+# as w0..w3 on the Store side. Fresh ids and keys come from one SELECT of
+# gen_random_uuid() at the top of each create script, for PGB_CREATES_PER_SCRIPT
+# statements (each its own transaction), so that round trip costs pgbench ~2% at most.
+
+_PGB_TOKEN = re.compile(r"'(?:[^']|'')*'|\"[^\"]*\"|--[^\n]*|\$(\d+)")
+_PGB_VARIABLE = re.compile(r"::+|:([A-Za-z_]\w*)")  # as pgbench reads them (quotes or not)
+PGB_CREATES_PER_SCRIPT = 50  # Store.create: 50 statements after each SELECT of fresh ids
+PGB_BATCHES_PER_SCRIPT = 10  # Store.create_many(100): 10 statements after each SELECT
+
+
+@dataclass
+class PgbScript:
+    name: str
+    text: str
+    variables: dict[str, str]  # pgbench -D
+    todos: int  # todos per script execution (pgbench's "transaction")
+
+
+def pgbench_text(statement: queries.Statement, values: dict[str, str]) -> str:
+    """`statement` as a pgbench command, each parameter written as values[name] (a
+    `:variable`, or NULL), without comments, blank lines or the final semicolon."""
+    statement.args(values)  # every parameter, and only those (TypeError otherwise)
+
+    def written(match: re.Match) -> str:
+        if match.group(0).startswith("--"):
+            return ""
+        if match.group(1) is None:
+            return match.group(0)
+        return values[statement.params[int(match.group(1)) - 1]]
+
+    text = _PGB_TOKEN.sub(written, statement.sql)
+    text = "\n".join(line.rstrip() for line in text.splitlines() if line.strip()).rstrip(";")
+    wanted = {v[1:] for v in values.values() if v.startswith(":")}
+    found = {m.group(1) for m in _PGB_VARIABLE.finditer(text) if m.group(1)}
+    if found != wanted:  # pgbench would take something else in the text for a variable
+        raise SystemExit(
+            f"{statement.name}: pgbench would see variables {sorted(found)}, not {sorted(wanted)}"
+        )
+    return text
+
+
+def array_literal(items: list) -> str:
+    """A PostgreSQL array literal, as asyncpg sends a list (None is NULL)."""
+
+    def element(item) -> str:
+        if item is None:
+            return "NULL"
+        text = str(item)
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    return "{" + ",".join(element(i) for i in items) + "}"
+
+
+def pgb_claim_values() -> dict[str, str]:
+    return {"queues": ":queues", "owner": ":client_id", "ttl": ":ttl", "n": ":n"}
+
+
+def pgb_held(todo: str = "c_") -> dict[str, str]:
+    r"""complete's values for the todo that `\gset {todo}` left in variables (scope None)."""
+    return {"id": f":{todo}id", "owner": ":client_id", "lease": f":{todo}lease_token", "scope": "NULL"}
+
+
+PGB_CLAIM_VARIABLES = {"queues": array_literal([QUEUE]), "ttl": str(TTL)}
+
+
+def pgb_claim_complete() -> PgbScript:
+    """claim_batch with n=1, then complete: two transactions, as Store.claim_next and
+    Store.complete."""
+    claim = pgbench_text(CLAIM, pgb_claim_values())
+    complete = pgbench_text(COMPLETE, {**pgb_held(), "result": "NULL"})
+    return PgbScript(
+        "claim_complete", f"{claim} \\gset c_\n{complete};\n", {**PGB_CLAIM_VARIABLES, "n": "1"}, 1
+    )
+
+
+def pgb_complete_and_claim_next() -> PgbScript:
+    r"""One claim the first time, then complete_and_claim_next on the todo it claimed last:
+    `\aset` keeps the last row, the 'claimed' one (the run is checked for it)."""
+    claim = pgbench_text(CLAIM, pgb_claim_values())
+    cacn = pgbench_text(
+        SQL.complete_and_claim_next, {**pgb_held(), "queues": ":queues", "ttl": ":ttl", "result": "NULL"}
+    )
+    text = f"\\if :started = 0\n{claim} \\gset c_\n\\set started 1\n\\endif\n{cacn} \\aset c_\n"
+    return PgbScript("complete_and_claim_next", text, {**PGB_CLAIM_VARIABLES, "n": "1", "started": "0"}, 1)
+
+
+def pgb_batches(n: int) -> PgbScript:
+    """claim_batch(n), then complete_many of what it claimed in a transaction, as
+    Store.claim_batch and Store.complete_many. pgbench keeps one row of a result, so the
+    claim's last line returns its rows' ids and leases as two arrays instead of the rows
+    (its CTEs, the work, are the statement's own)."""
+    claim = pgbench_text(CLAIM, pgb_claim_values())
+    rows = "SELECT * FROM claimed ORDER BY created_at"
+    if not claim.endswith(rows):
+        raise SystemExit(f"claim_batch no longer ends with {rows!r}; adapt pgb_batches")
+    claim = claim.removesuffix(rows) + (
+        "SELECT array_agg(id ORDER BY created_at)::text AS ids,"
+        " array_agg(lease_token ORDER BY created_at)::text AS leases FROM claimed"
+    )
+    many = pgbench_text(
+        SQL.complete_many,
+        {
+            "ids": ":c_ids",
+            "leases": ":c_leases",
+            "results": ":results",
+            "owner": ":client_id",
+            "scope": "NULL",
+        },
+    )
+    text = f"{claim} \\gset c_\nBEGIN;\n{many};\nCOMMIT;\n"
+    variables = {**PGB_CLAIM_VARIABLES, "n": str(n), "results": array_literal([None] * n)}
+    return PgbScript(f"batches_{n}", text, variables, n)
+
+
+def pgb_creates(batch: int, statements: int) -> PgbScript:
+    """`statements` create_todos calls of `batch` items each (Store.create: 1,
+    Store.create_many: 100), each its own transaction, with the values create_values()
+    passes; one SELECT first makes their fresh ids and keys (keys sorted in each batch,
+    as the Store sorts them)."""
+    values = create_values(["?"] * batch, range(batch), ["?"] * batch, PRODUCER)  # ids, keys: below
+    variables = {k: array_literal(v) if isinstance(v, list) else v for k, v in values.items()}
+    del variables["ids"], variables["idempotency_keys"]
+    fresh = []
+    for i in range(1, statements + 1):
+        if batch == 1:
+            fresh.append(f"'{{td_' || gen_random_uuid() || '}}' AS ids_{i}")
+            fresh.append(f"'{{key-' || gen_random_uuid() || '}}' AS keys_{i}")
+        else:
+            fresh.append(
+                f"(SELECT array_agg('td_' || gen_random_uuid())::text"
+                f" FROM generate_series(1, {batch})) AS ids_{i}"
+            )
+            fresh.append(
+                f"(SELECT array_agg(k ORDER BY k)::text FROM (SELECT 'key-' || gen_random_uuid() AS k"
+                f" FROM generate_series(1, {batch})) AS g) AS keys_{i}"
+            )
+    lines = ["SELECT " + ",\n       ".join(fresh) + " \\gset"]
+    for i in range(1, statements + 1):
+        names = {k: f":{k}" for k in CREATE.params}
+        names.update(ids=f":ids_{i}", idempotency_keys=f":keys_{i}")
+        lines.append(pgbench_text(CREATE, names) + ";")
+    return PgbScript(f"create_{batch}", "\n".join(lines) + "\n", variables, batch * statements)
+
+
 # == end of the baseline statements =======================================================
 
 
@@ -196,6 +349,7 @@ class Results:
         self.series: dict[str, Series] = {}
         self.rows: list[Row | str] = []  # a str is a section heading
         self.commit_ms: list[float] = []  # commit probes, before and after each family
+        self.loads: list[tuple[str, float]] = []  # (family, 1-minute load average as it began)
 
     def add(self, key: str, label: str, rate: float) -> None:
         self.series.setdefault(key, Series(key, label)).rates.append(rate)
@@ -278,18 +432,34 @@ async def connections(dsn: str, n: int, *, codec: bool):
             await conn.close()
 
 
+class NoHints:
+    """The hints a Store is given for "no hints at all": send() does nothing."""
+
+    def send(self, queues: Iterable[str]) -> None:
+        return None
+
+
+# Until hints are sent after the commit (migration 0006), Store takes no hints and the
+# NOTIFY triggers send them inside the producer's transaction.
+STORE_TAKES_HINTS = "hints" in inspect.signature(Store).parameters
+
+
+def new_store(db, hints=None) -> Store:
+    return Store(db, hints=hints) if STORE_TAKES_HINTS else Store(db)
+
+
 @contextlib.asynccontextmanager
-async def stores(dsn: str, n: int, *, pool: bool):
+async def stores(dsn: str, n: int, *, pool: bool, hints=None):
     """n Stores, each on its own connection, or all on one pool of n connections."""
     if pool:
         shared = await dbmod.create_pool(dsn, min_size=n, max_size=n)
         try:
-            yield [Store(shared) for _ in range(n)]
+            yield [new_store(shared, hints) for _ in range(n)]
         finally:
             await shared.close()
     else:
         async with connections(dsn, n, codec=True) as conns:
-            yield [Store(c) for c in conns]
+            yield [new_store(c, hints) for c in conns]
 
 
 # -- workers: the store ------------------------------------------------------------------
@@ -320,6 +490,36 @@ async def store_batches(store: Store, owner: str) -> int:
     return done
 
 
+async def store_claim_complete_n(store: Store, owner: str, count: int) -> int:
+    """claim_next + complete, `count` times (the limit's Store side: as many as a pgbench client)."""
+    for _ in range(count):
+        todo = await store.claim_next([QUEUE], owner, TTL)
+        if todo is None:
+            raise RuntimeError("the queue ran dry")
+        await store.complete(todo.id, owner, todo.lease_token)
+    return count
+
+
+async def store_complete_and_claim_next_n(store: Store, owner: str, count: int) -> int:
+    """One claim, then `count` complete_and_claim_next: `count` done, the last one claimed."""
+    todo = await store.claim_next([QUEUE], owner, TTL)
+    for _ in range(count):
+        if todo is None:
+            raise RuntimeError("the queue ran dry")
+        _, todo = await store.complete_and_claim_next(todo.id, owner, todo.lease_token, None, [QUEUE], TTL)
+    return count
+
+
+async def store_batches_n(store: Store, owner: str, count: int) -> int:
+    """claim_batch(10) + complete_many, `count` times."""
+    done = 0
+    for _ in range(count):
+        batch = await store.claim_batch([QUEUE], owner, TTL, BATCH_CLAIM)
+        await store.complete_many(owner, [(t.id, t.lease_token, None) for t in batch])
+        done += len(batch)
+    return done
+
+
 async def store_enqueue_one(store: Store, items: list[NewTodo]) -> int:
     for item in items:
         await store.create(item)
@@ -342,7 +542,7 @@ def rate_line(label: str, n: int, seconds: float) -> float:
     return rate
 
 
-async def family_claim(server: Server, args, results: Results) -> None:
+async def family_claim(server: Server, args, results: Results, _tmp: Path) -> None:
     """claim+complete of pre-enqueued todos: baseline, Store, complete_and_claim_next."""
     dsn = await server.new_database("claim", check=check_parameters)
     n = args.todos
@@ -381,7 +581,7 @@ async def family_claim(server: Server, args, results: Results) -> None:
         await admin.close()
 
 
-async def family_batch(server: Server, args, results: Results) -> None:
+async def family_batch(server: Server, args, results: Results, _tmp: Path) -> None:
     """Store.claim_batch(10) + complete_many at 4 workers, against PgQueuer on the side."""
     try:
         import pgqueuer  # noqa: F401
@@ -523,7 +723,7 @@ async def run_pgqueuer(dsn: str, admin: asyncpg.Connection, n: int, workers: int
     return elapsed, ran
 
 
-async def family_enqueue(server: Server, args, results: Results) -> None:
+async def family_enqueue(server: Server, args, results: Results, _tmp: Path) -> None:
     """Enqueue one at a time and in batches of 100 (4 producers); NOTIFY trigger cost."""
     dsn = await server.new_database("enqueue", check=check_parameters)
     admin = await asyncpg.connect(dsn)
@@ -634,6 +834,244 @@ async def family_enqueue(server: Server, args, results: Results) -> None:
         await admin.close()
 
 
+# -- the limit: the Store side by side with pgbench on the same statements ----------------
+
+LIMIT_CLIENTS = 4
+SEED_PERF = Path(__file__).resolve().parent / "seed_perf"  # the seed's bare statements
+
+
+def seed_statements(name: str) -> list[str]:
+    """The statements of seed_perf/`name`, one by one (comment lines dropped)."""
+    text = "\n".join(
+        line for line in (SEED_PERF / name).read_text().splitlines() if not line.lstrip().startswith("--")
+    )
+    return [part.strip() for part in text.split(";") if part.strip()]
+
+
+async def seed_fill(bare: asyncpg.Connection) -> None:
+    """The seed's fill.sql (200,000 pending rows, VACUUM ANALYZE, CHECKPOINT)."""
+    for statement in seed_statements("fill.sql"):
+        if statement.upper() == "CHECKPOINT":
+            await harness.checkpoint(bare)
+        else:
+            await bare.execute(statement)
+
+
+def per_client(n: int, todos_per_transaction: int) -> int:
+    """pgbench transactions per client (-t) for about n todos over LIMIT_CLIENTS clients."""
+    return max(1, n // (LIMIT_CLIENTS * todos_per_transaction))
+
+
+async def family_limit(server: Server, args, results: Results, tmp: Path) -> None:
+    """The Store at 4 workers against pgbench running the same statements on 4 clients
+    (the limit for these statements on this machine), and our pgbench figures against the
+    seed's bare statements on their own schema."""
+    dsn = await server.new_database("limit", check=check_parameters)
+    bare_dsn = await server.new_empty_database("bare")
+    admin = await asyncpg.connect(dsn)
+    bare = await asyncpg.connect(bare_dsn)
+    clients = LIMIT_CLIENTS
+    try:
+        for statement in seed_statements("schema.sql"):
+            await bare.execute(statement)
+        await harness.check_durable(bare)
+        await commit_probe(admin, results)
+
+        async def ours(script: PgbScript, transactions: int) -> tuple[float, int]:
+            run = await harness.pgbench(
+                dsn,
+                script.text,
+                clients=clients,
+                transactions=transactions,
+                tmp=tmp,
+                name=script.name,
+                variables=script.variables,
+                server_settings=dbmod.SERVER_SETTINGS,
+            )
+            return run.seconds, run.transactions * script.todos
+
+        async def theirs(name: str, transactions: int) -> tuple[float, int]:
+            script = (SEED_PERF / name).read_text()
+            run = await harness.pgbench(
+                bare_dsn, script, clients=clients, transactions=transactions, tmp=tmp, name=f"seed_{name}"
+            )
+            return run.seconds, run.transactions
+
+        def split(seq: list, parts: int = clients) -> list[list]:
+            return [seq[p::parts] for p in range(parts)]
+
+        async def on_stores(worker, *per_worker) -> tuple[float, int]:
+            async with stores(dsn, clients, pool=args.pool, hints=NoHints()) as ss:
+                return await timed(
+                    [worker(st, f"w{i}", *(a[i] for a in per_worker)) for i, st in enumerate(ss)]
+                )
+
+        def producing(worker):
+            """A producer (no owner) as a worker."""
+            return lambda store, _owner, part: worker(store, part)
+
+        def items(n: int) -> list[NewTodo]:
+            return [
+                NewTodo(
+                    queue=QUEUE,
+                    title=f"todo {i}",
+                    kind="bench",
+                    source="bench",
+                    payload={"n": i},
+                    idempotency_key=f"key-{i:08d}",
+                )
+                for i in range(n)
+            ]
+
+        # (key, label, prepare, run, expected states after): one todo per transaction, then batches.
+        cc_script, cacn_script = pgb_claim_complete(), pgb_complete_and_claim_next()
+        batch_script = pgb_batches(BATCH_CLAIM)
+        create_script = pgb_creates(1, PGB_CREATES_PER_SCRIPT)
+        many_script = pgb_creates(ENQUEUE_BATCH, PGB_BATCHES_PER_SCRIPT)
+        t_cc = per_client(args.todos, 1)
+        t_batch = per_client(args.batched_todos // 2, BATCH_CLAIM)
+        t_create = per_client(args.todos, create_script.todos)
+        t_many = per_client(args.batched_todos // 2, many_script.todos)
+        n_cc, n_batch = clients * t_cc, clients * t_batch * BATCH_CLAIM
+        n_create, n_many = clients * t_create * create_script.todos, clients * t_many * many_script.todos
+        create_items, many_items = items(n_create), items(n_many)
+        many_batches = [many_items[i : i + ENQUEUE_BATCH] for i in range(0, n_many, ENQUEUE_BATCH)]
+        slack = clients * BATCH_CLAIM  # left pending after the batched runs, so no claim comes up short
+
+        async def filled(n: int) -> None:
+            await fill(admin, n)
+
+        async def emptied() -> None:
+            await reset(admin)
+            await harness.settle(admin)
+
+        async def seed_filled() -> None:
+            await seed_fill(bare)
+
+        async def seed_done(expected: int) -> None:
+            done = await bare.fetchval("SELECT count(*) FROM todos WHERE state = 'done'")
+            if done != expected:
+                raise RuntimeError(f"the seed's claim + complete: {done} done, expected {expected}")
+
+        async def seed_added(expected: int) -> None:
+            rows = await bare.fetchval("SELECT count(*) FROM todos")
+            if rows != 200_000 + expected:
+                raise RuntimeError(f"the seed's enqueue: {rows} rows, expected {200_000 + expected}")
+
+        def states(expected: dict[str, int], label: str):
+            return lambda: harness.expect_states(admin, expected, label)
+
+        cc_done = {"done": n_cc + SEED_DONE}
+        groups = [
+            [
+                (
+                    "lim_cc",
+                    "Store.claim_next + Store.complete",
+                    lambda: filled(n_cc),
+                    lambda: on_stores(store_claim_complete_n, [t_cc] * clients),
+                    states(cc_done, "Store claim + complete"),
+                ),
+                (
+                    "pgb_cc",
+                    "pgbench: claim_batch(n=1) + complete",
+                    lambda: filled(n_cc),
+                    lambda: ours(cc_script, t_cc),
+                    states(cc_done, "pgbench claim + complete"),
+                ),
+                (
+                    "bare_cc",
+                    "pgbench: the seed's bare claim + complete",
+                    seed_filled,
+                    lambda: theirs("pgb_claim_complete.sql", t_cc),
+                    lambda: seed_done(n_cc),
+                ),
+            ],
+            [
+                (
+                    "lim_cacn",
+                    "Store.complete_and_claim_next",
+                    lambda: filled(n_cc + clients),
+                    lambda: on_stores(store_complete_and_claim_next_n, [t_cc] * clients),
+                    states({**cc_done, "claimed": clients}, "Store complete_and_claim_next"),
+                ),
+                (
+                    "pgb_cacn",
+                    "pgbench: complete_and_claim_next",
+                    lambda: filled(n_cc + clients),
+                    lambda: ours(cacn_script, t_cc),
+                    states({**cc_done, "claimed": clients}, "pgbench complete_and_claim_next"),
+                ),
+            ],
+            [
+                (
+                    "lim_batch",
+                    f"Store.claim_batch({BATCH_CLAIM}) + complete_many",
+                    lambda: filled(n_batch + slack),
+                    lambda: on_stores(store_batches_n, [t_batch] * clients),
+                    states({"done": n_batch + SEED_DONE, "pending": slack}, "Store batches"),
+                ),
+                (
+                    "pgb_batch",
+                    f"pgbench: claim_batch(n={BATCH_CLAIM}) + complete_many",
+                    lambda: filled(n_batch + slack),
+                    lambda: ours(batch_script, t_batch),
+                    states({"done": n_batch + SEED_DONE, "pending": slack}, "pgbench batches"),
+                ),
+            ],
+            [
+                (
+                    "lim_create",
+                    "Store.create (one todo per call)",
+                    emptied,
+                    lambda: on_stores(producing(store_enqueue_one), split(create_items)),
+                    states({"pending": n_create, "done": SEED_DONE}, "Store.create"),
+                ),
+                (
+                    "pgb_create",
+                    "pgbench: create_todos with 1 item",
+                    emptied,
+                    lambda: ours(create_script, t_create),
+                    states({"pending": n_create, "done": SEED_DONE}, "pgbench create_todos"),
+                ),
+                (
+                    "bare_enq",
+                    "pgbench: the seed's bare enqueue",
+                    seed_filled,
+                    lambda: theirs("pgb_enqueue.sql", n_create // clients),
+                    lambda: seed_added(n_create),
+                ),
+            ],
+            [
+                (
+                    "lim_many",
+                    f"Store.create_many({ENQUEUE_BATCH})",
+                    emptied,
+                    lambda: on_stores(producing(store_enqueue_batches), split(many_batches)),
+                    states({"pending": n_many, "done": SEED_DONE}, "Store.create_many"),
+                ),
+                (
+                    "pgb_many",
+                    f"pgbench: create_todos with {ENQUEUE_BATCH} items",
+                    emptied,
+                    lambda: ours(many_script, t_many),
+                    states({"pending": n_many, "done": SEED_DONE}, "pgbench create_todos(100)"),
+                ),
+            ],
+        ]
+        for rep in range(args.runs):
+            log(f"[limit] run {rep + 1}/{args.runs}, {clients} workers / pgbench clients")
+            for group in groups:
+                for key, label, prepare, run, check in rotated(group, rep):
+                    await prepare()
+                    seconds, done = await run()
+                    await check()
+                    results.add(key, label, rate_line(label, done, seconds))
+        await commit_probe(admin, results)
+    finally:
+        await admin.close()
+        await bare.close()
+
+
 # -- the report --------------------------------------------------------------------------
 
 
@@ -657,7 +1095,7 @@ def build_rows(results: Results) -> None:
     if s("batch") and s("pgq"):
         rows.append("batched claim + batched completion, side by side with PgQueuer")
         row("pgq")
-        row("batch", "pgq", 1.0, "≥ 1.00×")
+        row("batch", "pgq", 1.2, "≥ 1.20×")
     if s("enq1_base"):
         rows.append("enqueue, 4 producers (each todo: idempotency key, small payload)")
     row("enq1_base")
@@ -667,6 +1105,17 @@ def build_rows(results: Results) -> None:
     row("trig_off")
     # "at most 15% slower": the run with triggers takes at most 1.15 times as long.
     row("trig_on", "trig_off", 1 / 1.15, "≤ 15% slower")
+    if s("pgb_cc") or s("pgb_create"):
+        rows.append("the limit: the Store against pgbench running the same statements (4 workers / clients)")
+    for scenario in ("cc", "cacn", "batch", "create", "many"):
+        row(f"pgb_{scenario}")
+        row(f"lim_{scenario}", f"pgb_{scenario}", 0.85, "≥ 0.85×")
+    if s("bare_cc"):
+        rows.append("our statements against the seed's bare ones (pgbench, 4 clients, own schemas)")
+    row("bare_cc")
+    row("pgb_cc", "bare_cc", 0.75, "≥ 0.75×")
+    row("bare_enq")
+    row("pgb_create", "bare_enq")
 
 
 def render(results: Results, header: list[str]) -> str:
@@ -692,6 +1141,10 @@ def render(results: Results, header: list[str]) -> str:
     return "\n".join([*header, "", *table(rows, {1, 2, 3})])
 
 
+def load_text(load: tuple[float, float, float]) -> str:
+    return "/".join(f"{x:.1f}" for x in load)
+
+
 def probe_range(values: list[float]) -> str:
     if not values:
         return "not probed"
@@ -713,6 +1166,13 @@ def short_name(key: str) -> str:
         "enqN_store": "create_many",
         "trig_on": "triggers on",
         "trig_off": "triggers off",
+        "pgb_cc": "pgbench",
+        "pgb_cacn": "pgbench",
+        "pgb_batch": "pgbench",
+        "pgb_create": "pgbench",
+        "pgb_many": "pgbench",
+        "bare_cc": "seed's bare",
+        "bare_enq": "seed's bare",
     }
     name = names.get(base, base)
     return f"{name} @{workers}" if workers else name
@@ -721,17 +1181,18 @@ def short_name(key: str) -> str:
 # -- main --------------------------------------------------------------------------------
 
 
-FAMILIES = {"claim": family_claim, "batch": family_batch, "enqueue": family_enqueue}
+FAMILIES = {"claim": family_claim, "batch": family_batch, "enqueue": family_enqueue, "limit": family_limit}
 
 
-async def run_all(server: Server, args, _tmp: Path) -> int:
+async def run_all(server: Server, args, tmp: Path) -> int:
     results = Results()
     started = time.perf_counter()
     load_before = os.getloadavg()
     try:
         settings = await harness.server_settings(server.dsn)
         for name in args.only or list(FAMILIES):
-            await FAMILIES[name](server, args, results)
+            results.loads.append((name, os.getloadavg()[0]))
+            await FAMILIES[name](server, args, results, tmp)
     finally:
         await server.drop_all()
     build_rows(results)
@@ -745,8 +1206,14 @@ async def run_all(server: Server, args, _tmp: Path) -> int:
         f"{args.todos:,} todos per measurement ({args.batched_todos:,} in the batched ones), "
         f"median of {args.runs} run(s)",
         "spread: ± half the min-max range; ratio: median of the per-run ratios",
-        f"{time.perf_counter() - started:.0f} s in all; load average (1 min) "
-        f"{load_before[0]:.1f} at start, {os.getloadavg()[0]:.1f} at end",
+        *(
+            [f"pgbench {harness.pgbench_version()} (-M prepared, -c 4 -j 2, -t per client), generic plans"]
+            if results.get("pgb_cc") or results.get("pgb_create")
+            else []
+        ),
+        f"{time.perf_counter() - started:.0f} s in all; load average (1/5/15 min) "
+        f"{load_text(load_before)} at start, {load_text(os.getloadavg())} at end; (1 min) as each "
+        "family began: " + ", ".join(f"{name} {load:.1f}" for name, load in results.loads),
         f"one-row INSERT + commit: {probe_range(results.commit_ms)} (median of 50, probed "
         "before and after each family)",
     ]
