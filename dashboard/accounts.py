@@ -187,8 +187,9 @@ class Accounts:
             raise Conflict(f"{agent} is an operator's name (agents and operators share one namespace)")
         return token_id, secret
 
-    async def agent_for(self, secret: str) -> Agent | None:
-        row = await SQL.agent_for_token.fetchrow(self.db, token_hash=token_hash(secret))
+    async def agent_for_hash(self, key: bytes) -> Agent | None:
+        """The agent whose active token has SHA-256 `key` (dashboard/web/token_cache.py)."""
+        row = await SQL.agent_for_token.fetchrow(self.db, token_hash=key)
         if row is None:
             return None
         return Agent(row["agent"], Scope(row["id"], tuple(row["queues"])))

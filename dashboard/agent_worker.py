@@ -1,10 +1,12 @@
 """The reference worker: `switchboard worker --queue q --exec 'command'`.
 
 It speaks only the HTTP API, so it is also the model for agents in other languages:
-long-poll POST /api/v1/claims; run the command with the todo as JSON on stdin while
-heartbeating every ttl/3; complete with its stdout (JSON) or fail with its exit status
-and the tail of its stderr. SIGTERM/SIGINT: stop claiming, let the running command
-finish for `grace` seconds, then kill it and release the todo.
+long-poll POST /api/v1/claims for up to `--batch` todos (`max`); run the command once per
+todo, side by side, with the todo as JSON on stdin, heartbeating each every ttl/3; then
+acknowledge them together in one POST /api/v1/acks: complete with the command's stdout
+(JSON), or fail with its exit status and the tail of its stderr. SIGTERM/SIGINT: stop
+claiming, let running commands finish for `grace` seconds, then kill them and release
+their todos.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class CommandWorker:
         ttl: float = 60,
         wait: float = 20,
         once: bool = False,
+        batch: int = 1,
     ):
         self.client = httpx.AsyncClient(
             base_url=url.rstrip("/") + "/api/v1",
@@ -58,6 +61,7 @@ class CommandWorker:
             timeout=httpx.Timeout(10, read=wait + 10),
         )
         self.queues, self.command, self.ttl, self.wait, self.once = queues, command, ttl, wait, once
+        self.batch = batch
         self.stopping = asyncio.Event()
 
     async def call(self, path: str, body: dict) -> dict | None:
@@ -101,7 +105,9 @@ class CommandWorker:
             while not self.stopping.is_set():
                 wait = 0 if self.once else self.wait
                 claim = asyncio.create_task(
-                    self.call("/claims", {"queues": self.queues, "ttl": self.ttl, "wait": wait})
+                    self.call(
+                        "/claims", {"queues": self.queues, "ttl": self.ttl, "wait": wait, "max": self.batch}
+                    )
                 )
                 stop = asyncio.create_task(self.stopping.wait())
                 await asyncio.wait({claim, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -109,12 +115,12 @@ class CommandWorker:
                 if not claim.done():  # stopping while waiting for work: nothing is held
                     claim.cancel()
                     break
-                todo = claim.result()
-                if todo is None:
+                todos = claim.result()["todos"]
+                if not todos:
                     if self.once:
                         break
                     continue
-                await self.process(todo)
+                await self.process(todos)
         except ApiError as exc:  # refused for good (a bad token, a queue it does not cover)
             print(f"switchboard worker: {exc}", file=sys.stderr)
             return 1
@@ -122,7 +128,22 @@ class CommandWorker:
             await self.client.aclose()
         return 0
 
-    async def process(self, todo: dict) -> None:
+    async def process(self, todos: list[dict]) -> None:
+        """Run the command for each todo, side by side, each heartbeated until its ack is
+        in; then acknowledge every finished one in one request."""
+        beats = [asyncio.create_task(self.heartbeat(t["id"], t["lease"])) for t in todos]
+        try:
+            outcomes = await asyncio.gather(*(self.execute(todo) for todo in todos))
+            acks = [ack for ack in outcomes if ack is not None]
+            if acks:
+                await self.acknowledge(acks)
+        finally:
+            for beat in beats:
+                beat.cancel()
+
+    async def execute(self, todo: dict) -> dict | None:
+        """Run the command on one todo: its ack (complete or fail), or None when stopping
+        killed it (the todo is released)."""
         todo_id, lease = todo["id"], todo["lease"]
         log.info("claimed %s (attempt %s): %s", todo_id, todo["attempt"], todo["title"])
         proc = await asyncio.create_subprocess_shell(
@@ -132,44 +153,48 @@ class CommandWorker:
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
         )
-        beat = asyncio.create_task(self.heartbeat(todo_id, lease))
         run = asyncio.create_task(proc.communicate(json.dumps(todo).encode()))
-        try:
-            stop = asyncio.create_task(self.stopping.wait())
-            await asyncio.wait({run, stop}, return_when=asyncio.FIRST_COMPLETED)
-            stop.cancel()
-            if not run.done():  # SIGTERM mid-run: give the command its grace period
-                done, _ = await asyncio.wait({run}, timeout=GRACE)
-                if not done:  # the whole process group: a shell may have forked the command
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    await run
-                    if await self.ack(todo_id, "release", {"lease": lease}) is not None:
-                        log.info("released %s", todo_id)
-                    return
-            stdout, stderr = run.result()
-        finally:
-            beat.cancel()
+        stop = asyncio.create_task(self.stopping.wait())
+        await asyncio.wait({run, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not run.done():  # SIGTERM mid-run: give the command its grace period
+            done, _ = await asyncio.wait({run}, timeout=GRACE)
+            if not done:  # the whole process group: a shell may have forked the command
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                await run
+                await self.release(todo_id, lease)
+                return None
+        stdout, stderr = run.result()
         if proc.returncode == 0:
-            if await self.ack(todo_id, "complete", {"lease": lease, "result": as_result(stdout)}) is not None:
-                log.info("completed %s", todo_id)
-        else:
-            tail = stderr.decode(errors="replace")[-STDERR_TAIL:].strip()
-            error = f"exit status {proc.returncode}" + (f": {tail}" if tail else "")
-            answer = await self.ack(todo_id, "fail", {"lease": lease, "error": error})
-            if answer is not None:
-                outcome = "will retry" if answer["will_retry"] else "dead-lettered"
-                log.info("failed %s (%s): %s", todo_id, outcome, error)
+            return {"id": todo_id, "lease": lease, "complete": {"result": as_result(stdout)}}
+        tail = stderr.decode(errors="replace")[-STDERR_TAIL:].strip()
+        error = f"exit status {proc.returncode}" + (f": {tail}" if tail else "")
+        return {"id": todo_id, "lease": lease, "fail": {"error": error}}
 
-    async def ack(self, todo_id: str, action: str, body: dict) -> dict | None:
-        """complete, fail or release; None (logged) when the todo is gone or no longer ours."""
+    async def acknowledge(self, acks: list[dict]) -> None:
+        """POST /acks; an ack refused on its own (404/409: the todo is gone or no longer
+        ours, its lease lapsed and it was claimed again) is logged and dropped."""
+        answer = await self.call("/acks", {"acks": acks})
+        for ack, result in zip(acks, answer["results"], strict=True):
+            todo_id = ack["id"]
+            if result["status"] != 200:
+                log.warning("dropping %s, the ack was refused: %s", todo_id, result["problem"]["detail"])
+            elif "complete" in ack:
+                log.info("completed %s", todo_id)
+            else:
+                outcome = "will retry" if result["todo"]["state"] == "pending" else "dead-lettered"
+                log.info("failed %s (%s): %s", todo_id, outcome, ack["fail"]["error"])
+
+    async def release(self, todo_id: str, lease: int) -> None:
+        """Give a todo back; a refusal (it is gone or no longer ours) is logged."""
         try:
-            return await self.call(f"/todos/{todo_id}/{action}", body)
+            await self.call(f"/todos/{todo_id}/release", {"lease": lease})
+            log.info("released %s", todo_id)
         except ApiError as exc:
             if not exc.todo_gone:
                 raise
-            log.warning("dropping %s, the %s was refused: %s", todo_id, action, exc)
-            return None
+            log.warning("dropping %s, the release was refused: %s", todo_id, exc)
 
     async def heartbeat(self, todo_id: str, lease: int) -> None:
         """Every ttl/3, through outages (call retries); stops once the lease is not ours."""
@@ -199,7 +224,14 @@ async def run_command_worker(args) -> int:
         print("switchboard worker: give --token or set SWITCHBOARD_TOKEN", file=sys.stderr)
         return 2
     worker = CommandWorker(
-        args.url, args.token, args.queue, args.command, ttl=args.ttl, wait=args.wait, once=args.once
+        args.url,
+        args.token,
+        args.queue,
+        args.command,
+        ttl=args.ttl,
+        wait=args.wait,
+        once=args.once,
+        batch=args.batch,
     )
     with contextlib.suppress(asyncio.CancelledError):
         return await worker.run()

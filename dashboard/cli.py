@@ -74,6 +74,9 @@ def parser() -> argparse.ArgumentParser:
     worker.add_argument("--ttl", type=float, default=60)
     worker.add_argument("--wait", type=float, default=20, help="long-poll seconds per claim")
     worker.add_argument("--once", action="store_true", help="exit when no work is ready")
+    worker.add_argument(
+        "--batch", type=batch_size, default=1, help="claim up to N todos at once and run them side by side"
+    )
     worker.set_defaults(run=cmd_worker)
 
     op = sub.add_parser("operator", help="dashboard accounts").add_subparsers(dest="action", required=True)
@@ -100,6 +103,15 @@ def parser() -> argparse.ArgumentParser:
     trev.add_argument("token_id")
     trev.set_defaults(run=cmd_token_revoke)
     return p
+
+
+def batch_size(text: str) -> int:
+    """--batch: as many todos as one claim may take (the API's `max`)."""
+    from dashboard.web.schemas import MAX_HTTP_BATCH
+
+    if not text.isdigit() or not 1 <= int(text) <= MAX_HTTP_BATCH:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_HTTP_BATCH}")
+    return int(text)
 
 
 def with_database(fn):

@@ -179,10 +179,12 @@ async def init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec("jsonb", encoder=json_encode, decoder=json.loads, schema="pg_catalog")
 
 
-async def connect(dsn: str, **kwargs) -> asyncpg.Connection:
-    """One connection (the LISTEN connection, tests); errors become one clear line."""
+async def connect(dsn: str, *, settings: dict[str, str] | None = None, **kwargs) -> asyncpg.Connection:
+    """One connection (the LISTEN connection, tests), with `settings` for its session
+    beside ours; errors become one clear line."""
     try:
-        conn = await asyncpg.connect(dsn, timeout=10, server_settings=SERVER_SETTINGS, **kwargs)
+        server_settings = {**SERVER_SETTINGS, **(settings or {})}
+        conn = await asyncpg.connect(dsn, timeout=10, server_settings=server_settings, **kwargs)
     except Exception as exc:
         raise DatabaseUnavailable(describe_failure(dsn, exc)) from None
     await init_connection(conn)

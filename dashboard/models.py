@@ -94,6 +94,16 @@ class NewTodo(msgspec.Struct, kw_only=True):
     event: NewEvent | None = None
 
 
+class Ack(msgspec.Struct, frozen=True):
+    """One acknowledgement in Store.ack_many: complete todo `id` with `result`, or, when
+    `error` is given, fail it with that error."""
+
+    id: str
+    lease: int
+    result: dict | None = None
+    error: str | None = None
+
+
 class Created(msgspec.Struct, kw_only=True):
     todo: Todo
     created: bool

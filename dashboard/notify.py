@@ -8,9 +8,16 @@ unbounded backlog. When the LISTEN connection is
 lost it is re-opened with backoff and every subscriber is told to resync, because hints
 sent meanwhile are gone.
 
+The hub also sends this process's hints (`send`, called by the Store after a commit that
+made work claimable or dead): coalesced per queue, on the same connection, one statement
+at a time, with synchronous_commit off. A transaction that NOTIFYs takes a database-wide
+lock at commit until its WAL is flushed; sent from here, only the hub's own short commits
+take it, never a producer's or an agent's (DESIGN.md, "Notifications").
+
 The same channel carries revocations ({"revoked": token id}, sql/queries/accounts.sql):
 a subscription made for a token is woken and marked `revoked`, so the token's waiting
-claims and open channels end within moments, in every process.
+claims and open channels end within moments, in every process; `on_tokens` listeners
+(the token cache) hear of every revocation, and of every lost or re-opened connection.
 """
 
 from __future__ import annotations
@@ -19,12 +26,14 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from dashboard import db as dbmod
+from dashboard.queries import HINTS
 
 log = logging.getLogger("switchboard.notify")
 CHANNEL = "switchboard"
+APPLICATION_NAME = "switchboard listener"  # how the LISTEN connection shows in pg_stat_activity
 HEALTH_CHECK_EVERY = 5.0
 MAX_BACKOFF = 5.0
 
@@ -95,6 +104,26 @@ class Hub:
         self._task: asyncio.Task | None = None
         self.connected = asyncio.Event()
         self._ending = False
+        self._due: set[str] = set()  # queues to hint, sent by _supervise
+        self._work = asyncio.Event()  # something to send, or the connection was lost
+        self._token_listeners: list[Callable[[str | None], None]] = []
+
+    def send(self, queues: Iterable[str]) -> None:
+        """Hint `queues`, after the caller's commit. Never waits: hints given while one is
+        being sent go out together in the next statement. A hint that cannot be sent (no
+        connection) only delays work: every waiter also polls."""
+        self._due.update(queues)
+        if self._due:
+            self._work.set()
+
+    def on_tokens(self, listener: Callable[[str | None], None]) -> None:
+        """Call `listener(token id)` when a token is revoked, and `listener(None)` when
+        revocations may have been missed (the LISTEN connection was lost or re-opened)."""
+        self._token_listeners.append(listener)
+
+    def _tokens_changed(self, token_id: str | None) -> None:
+        for listener in self._token_listeners:
+            listener(token_id)
 
     def subscribe(self, queues: Iterable[str] | None = None, token: str | None = None) -> Subscription:
         """Hints for `queues` (all queues when None), for API token `token` if one. Close it
@@ -126,6 +155,7 @@ class Hub:
         try:
             hint = json.loads(payload)
             if "revoked" in hint:
+                self._tokens_changed(hint["revoked"])
                 for sub in self._subscribers:
                     if sub.token == hint["revoked"]:
                         sub._revoke()
@@ -144,28 +174,50 @@ class Hub:
             lost = asyncio.Event()
             conn = None
             try:
-                conn = await dbmod.connect(self.dsn)
-                conn.add_termination_listener(lambda _c, lost=lost: lost.set())
+                # Only hints commit here: their commit need not wait for a WAL flush (the
+                # changes they announce were flushed before), so the NOTIFY lock is brief.
+                conn = await dbmod.connect(
+                    self.dsn, settings={"application_name": APPLICATION_NAME, "synchronous_commit": "off"}
+                )
+                conn.add_termination_listener(lambda _c, lost=lost: (lost.set(), self._work.set()))
                 await conn.add_listener(CHANNEL, self._on_notify)
                 self.connected.set()
                 if not first:
                     log.warning("LISTEN connection re-opened; telling subscribers to resync")
+                    self._tokens_changed(None)
                     for sub in self._subscribers:
                         sub._resync()
                 first, backoff = False, 0.1
-                while not lost.is_set():
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(lost.wait(), HEALTH_CHECK_EVERY)
-                    if not lost.is_set():
-                        await conn.execute("SELECT 1", timeout=HEALTH_CHECK_EVERY)
+                await self._serve(conn, lost)
                 log.warning("LISTEN connection lost")
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.warning("LISTEN connection failed: %s; retrying in %.1fs", exc, backoff)
             finally:
-                self.connected.clear()
+                if self.connected.is_set():
+                    self.connected.clear()
+                    self._tokens_changed(None)
                 if conn is not None and not conn.is_closed():
                     conn.terminate()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF)
+
+    async def _serve(self, conn, lost: asyncio.Event) -> None:
+        """Send due hints as they come, one statement at a time; when there are none for
+        HEALTH_CHECK_EVERY seconds, check that the connection still answers."""
+        while not lost.is_set():
+            try:
+                await asyncio.wait_for(self._work.wait(), HEALTH_CHECK_EVERY)
+            except TimeoutError:
+                await conn.execute("SELECT 1", timeout=HEALTH_CHECK_EVERY)
+                continue
+            self._work.clear()
+            if lost.is_set() or not self._due:
+                continue
+            queues, self._due = sorted(self._due), set()
+            try:
+                await conn.execute(HINTS.send.sql, queues, timeout=HEALTH_CHECK_EVERY)
+            except BaseException:
+                self._due.update(queues)  # sent once the connection is back
+                raise

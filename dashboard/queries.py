@@ -93,4 +93,5 @@ class Queries:
 TRANSITIONS = Queries("transitions.sql")
 READS = Queries("reads.sql")
 ACCOUNTS = Queries("accounts.sql")
+HINTS = Queries("hints.sql")
 MIGRATIONS = Queries("migrations.sql")

@@ -5,23 +5,37 @@ this module and nowhere else. `Store` wraps an asyncpg pool or connection (it do
 own it). A transition whose guard matched nothing raises NotFound or Conflict with a
 message that says the todo's state, owner and assignee. Every input is checked here,
 once, whoever the caller is; agent calls pass their token's `Scope`.
+
+A transition that makes work claimable or dead (create, release, fail, reap, a due
+retry, retry, force-release) is hinted after its commit, never inside it (DESIGN.md,
+"Notifications"): through `hints` (the process's Hub, which coalesces them), or without
+one by a statement of its own. Claims and completions, the hot path, send none.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 import asyncpg
 import msgspec
 
 from dashboard import metrics
 from dashboard.db import transaction
-from dashboard.errors import Conflict, InvalidInput, NotFound, TooLarge
+from dashboard.errors import (
+    Conflict,
+    DatabaseUnavailable,
+    InvalidInput,
+    NotFound,
+    SwitchboardError,
+    TooLarge,
+)
 from dashboard.models import (
     MAX_ERROR,
     PRODUCER,
+    Ack,
     Actor,
     Created,
     NewTodo,
@@ -36,9 +50,17 @@ from dashboard.models import (
     check_text,
     check_ttl,
 )
+from dashboard.queries import HINTS
 from dashboard.queries import TRANSITIONS as SQL
 
+log = logging.getLogger("switchboard.store")
 MAX_BATCH = 1000
+
+
+class HintSink(Protocol):
+    """Where hints go after a commit (dashboard.notify.Hub): `send` must not wait."""
+
+    def send(self, queues: Iterable[str]) -> None: ...
 
 
 def new_todo_id() -> str:
@@ -59,8 +81,9 @@ class RetryReport(msgspec.Struct):
 
 
 class Store:
-    def __init__(self, db: asyncpg.Pool | asyncpg.Connection):
+    def __init__(self, db: asyncpg.Pool | asyncpg.Connection, hints: HintSink | None = None):
         self.db = db
+        self.hints = hints
 
     # -- producers -------------------------------------------------------------------
 
@@ -164,6 +187,7 @@ class Store:
             results.append(Created(todo=todo, created=todo.id == tid and tid not in seen))
             seen.add(tid)
         metrics.created(results)
+        await self._hint(c.todo.queue for c in results if c.created)
         return results
 
     # -- agents ----------------------------------------------------------------------
@@ -213,6 +237,7 @@ class Store:
         record = await SQL.release.fetchrow(self.db, **_held(todo_id, owner, lease, scope))
         todo = await self._one(record, todo_id, "release", owner, lease, scope)
         metrics.released(todo)
+        await self._hint([todo.queue])
         return todo
 
     async def complete(
@@ -256,6 +281,44 @@ class Store:
         metrics.completed(by_id.values())
         return [by_id[todo_id] for todo_id in ids]
 
+    async def ack_many(
+        self, owner: str, acks: Sequence[Ack], *, scope: Scope | None = None
+    ) -> list[Todo | SwitchboardError]:
+        """Complete or fail each of `acks`, each on its own: the answer, in input order, is
+        the todo, or why that one was refused (a stale lease is its Conflict, and the
+        others still go through). Completions take one statement; failures one each.
+        Malformed input (or a todo named twice) refuses the whole call, before any change."""
+        _owner(owner)
+        if len(acks) > MAX_BATCH:
+            raise InvalidInput("acks", f"batches hold up to {MAX_BATCH} acks")
+        checked = [_checked_ack(i, ack) for i, ack in enumerate(acks)]
+        if len({ack.id for ack in checked}) < len(checked):
+            raise InvalidInput("acks", "the same todo appears twice")
+        completing = [ack for ack in checked if ack.error is None]
+        answers: dict[str, Todo | SwitchboardError] = {}
+        if completing:
+            records = await SQL.complete_many.fetch(
+                self.db,
+                ids=[ack.id for ack in completing],
+                leases=[ack.lease for ack in completing],
+                results=[ack.result for ack in completing],
+                owner=owner,
+                scope=_queues(scope),
+            )
+            done = [Todo.from_record(r) for r in records]
+            metrics.completed(done)
+            answers.update((todo.id, todo) for todo in done)
+        for ack in checked:
+            if ack.id in answers:
+                continue
+            try:
+                if ack.error is None:
+                    raise await self._miss(ack.id, "complete", owner, ack.lease, scope)
+                answers[ack.id] = await self.fail(ack.id, owner, ack.lease, ack.error, scope=scope)
+            except (Conflict, NotFound) as exc:
+                answers[ack.id] = exc
+        return [answers[ack.id] for ack in checked]
+
     async def complete_and_claim_next(
         self,
         todo_id: str,
@@ -288,10 +351,10 @@ class Store:
         self, todo_id: str, owner: str, lease: int, error: str, *, scope: Scope | None = None
     ) -> Todo:
         """Below max_attempts: pending with a retry time; at the cap: dead-lettered."""
-        error = check_text(error, "error", required=True, limit=MAX_ERROR)
-        record = await SQL.fail.fetchrow(self.db, **_held(todo_id, owner, lease, scope), error=error)
+        record = await SQL.fail.fetchrow(self.db, **_held(todo_id, owner, lease, scope), error=_error(error))
         todo = await self._one(record, todo_id, "fail", owner, lease, scope)
         metrics.failed(todo)
+        await self._hint([todo.queue])
         return todo
 
     # -- the reaper ------------------------------------------------------------------
@@ -300,10 +363,15 @@ class Store:
         """Re-surface (or dead-letter) up to `limit` todos whose lease lapsed."""
         todos = [Todo.from_record(r) for r in await SQL.reap.fetch(self.db, limit=limit)]
         metrics.reaped(todos)
+        await self._hint(t.queue for t in todos)
         return todos
 
     async def promote_due_retries(self, limit: int = 500) -> int:
-        return await SQL.promote_due_retries.fetchval(self.db, limit=limit)
+        """Clear the retry time of up to `limit` due retries, so their queues are hinted
+        (claims take a due retry without this)."""
+        row = await SQL.promote_due_retries.fetchrow(self.db, limit=limit)
+        await self._hint(row["queues"])
+        return row["promoted"]
 
     async def prune(self, older_than: float, *, batch: int = 500) -> int:
         """Delete finished todos older than `older_than` seconds, `batch` rows a statement."""
@@ -327,6 +395,7 @@ class Store:
             raise await self._key_taken(todo_id) from None
         todo = await self._one(record, todo_id, "retry", actor.name, None, None)
         metrics.retried(todo)
+        await self._hint([todo.queue])
         return todo
 
     async def retry_many(
@@ -349,9 +418,24 @@ class Store:
         )
         todo = await self._one(record, todo_id, "force-release", actor.name, None, None)
         metrics.released(todo)
+        await self._hint([todo.queue])
         return todo
 
     # -- internals -------------------------------------------------------------------
+
+    async def _hint(self, queues: Iterable[str]) -> None:
+        """Hint `queues` after the commit. Without a hub, by one statement, whose failure
+        is logged, not raised: the change is committed, and a lost hint only delays work."""
+        due = set(queues)
+        if not due:
+            return
+        if self.hints is not None:
+            self.hints.send(due)
+            return
+        try:
+            await HINTS.send.execute(self.db, queues=sorted(due))
+        except DatabaseUnavailable as exc:
+            log.warning("hint for %s not sent (%s): claimers will find the work by polling", due, exc)
 
     async def _one(self, record, todo_id: str, action: str, owner: str, lease: int | None, scope) -> Todo:
         if record is None:
@@ -362,7 +446,7 @@ class Store:
         self, todo_id: str, action: str, actor: str, lease: int | None = None, scope: Scope | None = None
     ) -> Exception:
         """Classify a guarded transition that matched nothing (a todo outside `scope`
-        raises OutOfScope right here)."""
+        raises NotFound right here: to its token, it does not exist)."""
         row = await SQL.classify_miss.fetchrow(self.db, id=todo_id)
         if row is None:
             return NotFound(f"no todo {todo_id}")
@@ -423,6 +507,20 @@ def _held(todo_id: Any, owner: Any, lease: Any, scope: Scope | None) -> dict[str
         "lease": check_lease(lease),
         "scope": _queues(scope),
     }
+
+
+def _checked_ack(i: int, ack: Ack) -> Ack:
+    """`ack` with its values checked (the result encoded), errors naming acks[i]."""
+    try:
+        if ack.error is not None:
+            return Ack(check_id(ack.id), check_lease(ack.lease), error=_error(ack.error))
+        return Ack(check_id(ack.id), check_lease(ack.lease), result=_result(ack.result))
+    except InvalidInput as exc:
+        raise type(exc)(f"acks[{i}].{exc.field}", exc.message) from None
+
+
+def _error(error: Any) -> str:
+    return check_text(error, "error", required=True, limit=MAX_ERROR)
 
 
 def _recorded(actor: Actor) -> dict[str, str]:

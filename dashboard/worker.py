@@ -82,7 +82,7 @@ class Worker:
         hub = Hub(self.dsn)
         await hub.start()
         self._hints = hub.subscribe(self.queues)
-        store = Store(pool)
+        store = Store(pool, hints=hub)  # its releases and fails hint other processes
         try:
             await self._claim_loop(store, self._hints)
             await self._drain()

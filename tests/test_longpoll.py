@@ -164,12 +164,12 @@ async def test_the_channel_sends_resync_after_the_servers_listen_connection_is_k
         assert response.status_code == 200
         events = sse_events(response)
         assert (await next_event(events, 5))[0] == "resync"
-        # The server's listener: its last statement is LISTEN or its periodic health check.
-        # Only those backends go; the server's pool and our own connection stay.
+        # The server's listener, by its application_name: only that backend goes; the
+        # server's pool and our own connection stay.
         killed = await live_conn.fetch(
             "SELECT pid, pg_terminate_backend(pid) AS ok FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-            "AND query IN ('LISTEN \"switchboard\"', 'SELECT 1')"
+            "AND application_name = 'switchboard listener'"
         )
         assert killed and all(r["ok"] for r in killed), "found no LISTEN connection to terminate"
         started = time.monotonic()
@@ -182,7 +182,7 @@ async def test_the_channel_sends_resync_after_the_servers_listen_connection_is_k
         assert (kind, json.loads(data)) == ("hint", {"queue": a})
     listeners = await live_conn.fetchval(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-        "AND pid <> ALL($1::int[]) AND query IN ('LISTEN \"switchboard\"', 'SELECT 1')",
+        "AND pid <> ALL($1::int[]) AND application_name = 'switchboard listener'",
         [r["pid"] for r in killed],
     )
     assert listeners >= 1, "the server did not re-open its LISTEN connection"

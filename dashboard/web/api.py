@@ -1,6 +1,7 @@
 """The agent API under /api/v1 (DESIGN.md, "Agent API"). The bearer token decides the
 agent's name — the owner of every claim, heartbeat and ack — and its `Scope`, the queues
-it may use, which the store checks on every call."""
+it may use, which the store checks on every call. Every handler takes one dependency, the
+`Caller` (auth.py): the agent and the services, resolved without a task group."""
 
 from __future__ import annotations
 
@@ -14,19 +15,23 @@ from litestar.params import FromPath, FromQuery, JSONBody, Parameter, QueryParam
 from litestar.response import ServerSentEvent
 from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED, HTTP_204_NO_CONTENT
 
-from dashboard.accounts import Accounts, Agent
-from dashboard.models import Actor, NewTodo, check_queues
-from dashboard.notify import Hub
-from dashboard.reads import LIST_STATES, MAX_PAGE, Reads, TodoFilter
-from dashboard.store import Store
-from dashboard.web.auth import require_agent
+from dashboard.errors import InvalidInput
+from dashboard.models import Ack, Actor, NewTodo, check_queues
+from dashboard.reads import LIST_STATES, MAX_PAGE, TodoFilter
+from dashboard.web.auth import Caller, require_agent
+from dashboard.web.errors import problem_of
 from dashboard.web.live import channel_stream, claim_waiting
 from dashboard.web.schemas import (
     BAD_INPUT,
+    MAX_HTTP_BATCH,
     ON_TODO,
+    AckOut,
+    AcksIn,
+    AcksOut,
     BatchIn,
     BatchOut,
     ClaimByIdIn,
+    ClaimedOut,
     ClaimIn,
     CompleteIn,
     CompleteOut,
@@ -52,44 +57,80 @@ from dashboard.web.schemas import (
         **BAD_INPUT,
     },
 )
-async def create_todo(
-    data: JSONBody[NewTodo], agent: NamedDependency[Agent], store: NamedDependency[Store]
-) -> Response[CreatedOut]:
-    created = await store.create(data, actor=Actor("agent", agent.name), scope=agent.scope)
+async def create_todo(data: JSONBody[NewTodo], caller: NamedDependency[Caller]) -> Response[CreatedOut]:
+    created = await caller.store.create(data, actor=Actor("agent", caller.name), scope=caller.scope)
     return Response(CreatedOut.of(created), status_code=HTTP_201_CREATED if created.created else HTTP_200_OK)
 
 
 @post(
     "/todos/batch", status_code=HTTP_200_OK, summary="Create many todos in one request", responses=BAD_INPUT
 )
-async def create_batch(
-    data: JSONBody[BatchIn], agent: NamedDependency[Agent], store: NamedDependency[Store]
-) -> BatchOut:
-    results = await store.create_many(data.todos, actor=Actor("agent", agent.name), scope=agent.scope)
+async def create_batch(data: JSONBody[BatchIn], caller: NamedDependency[Caller]) -> BatchOut:
+    actor = Actor("agent", caller.name)
+    results = await caller.store.create_many(data.todos, actor=actor, scope=caller.scope)
     return BatchOut(results=[CreatedOut.of(c) for c in results])
 
 
 @post(
     "/claims",
     status_code=HTTP_200_OK,
-    summary="Claim the next todo from a set of queues",
-    description="With `wait` (seconds, up to 60) the request blocks until work arrives; "
-    "204 when none came in time.",
-    responses={204: ResponseSpec(data_container=None, description="No todo came within `wait`"), **BAD_INPUT},
+    summary="Claim the next todo (or, with `max`, up to `max` todos) from a set of queues",
+    description="With `wait` (seconds, up to 60) the request blocks until work arrives. Without `max`: "
+    'the todo, or 204 when none came in time. With `max` (1 to 100): `{"todos": [...]}`, oldest '
+    "first, up to `max` of them, and `[]` when none came in time.",
+    responses={
+        204: ResponseSpec(data_container=None, description="No todo came within `wait` (without `max`)"),
+        **BAD_INPUT,
+    },
 )
 async def claim_next(
-    data: JSONBody[ClaimIn],
-    agent: NamedDependency[Agent],
-    store: NamedDependency[Store],
-    hub: NamedDependency[Hub],
-    accounts: NamedDependency[Accounts],
-) -> Response[TodoOut | None]:
-    todo = await claim_waiting(
-        store, hub, accounts, data.queues, agent.name, data.ttl, data.wait, agent.scope
+    data: JSONBody[ClaimIn], caller: NamedDependency[Caller]
+) -> Response[TodoOut | ClaimedOut | None]:
+    n = 1 if data.max is None else data.max
+    if isinstance(n, bool) or not 1 <= n <= MAX_HTTP_BATCH:
+        raise InvalidInput("max", f"must be a whole number from 1 to {MAX_HTTP_BATCH}")
+    known, agent = caller.services, caller.agent
+    todos = await claim_waiting(
+        known.store, known.hub, known.accounts, data.queues, agent.name, data.ttl, data.wait, agent.scope, n
     )
-    if todo is None:
+    if data.max is not None:
+        return Response(ClaimedOut(todos=[TodoOut.of(t) for t in todos]), status_code=HTTP_200_OK)
+    if not todos:
         return Response(None, status_code=HTTP_204_NO_CONTENT)
-    return Response(TodoOut.of(todo), status_code=HTTP_200_OK)
+    return Response(TodoOut.of(todos[0]), status_code=HTTP_200_OK)
+
+
+@post(
+    "/acks",
+    status_code=HTTP_200_OK,
+    summary="Complete or fail many held todos in one request",
+    description="Each ack is `{id, lease, complete: {result}}` or `{id, lease, fail: {error}}`. The "
+    "answer has one result per ack, in order: `status` 200 with the todo, or the status and problem "
+    "details the single-todo call would answer (409 for a stale lease, 404 for an unknown todo); one "
+    "refused ack does not stop the others. Malformed input refuses the whole request (422), "
+    "changing nothing.",
+    responses=BAD_INPUT,
+)
+async def acks(data: JSONBody[AcksIn], caller: NamedDependency[Caller]) -> AcksOut:
+    if not 1 <= len(data.acks) <= MAX_HTTP_BATCH:
+        raise InvalidInput("acks", f"give 1 to {MAX_HTTP_BATCH} acks")
+    items = []
+    for i, ack in enumerate(data.acks):
+        if (ack.complete is None) == (ack.fail is None):
+            raise InvalidInput(f"acks[{i}]", "give exactly one of complete and fail")
+        if ack.fail is not None:
+            items.append(Ack(ack.id, ack.lease, error=ack.fail.error))
+        else:
+            items.append(Ack(ack.id, ack.lease, result=ack.complete.result))
+    answers = await caller.store.ack_many(caller.name, items, scope=caller.scope)
+    results = []
+    for item, answer in zip(items, answers, strict=True):
+        if isinstance(answer, Exception):
+            body = problem_of(answer)
+            results.append(AckOut(id=item.id, status=body["status"], problem=body))
+        else:
+            results.append(AckOut(id=item.id, status=HTTP_200_OK, todo=TodoOut.of(answer)))
+    return AcksOut(results=results)
 
 
 @post(
@@ -98,10 +139,9 @@ async def claim_next(
 async def claim(
     todo_id: FromPath[str],
     data: JSONBody[ClaimByIdIn],
-    agent: NamedDependency[Agent],
-    store: NamedDependency[Store],
+    caller: NamedDependency[Caller],
 ) -> TodoOut:
-    return TodoOut.of(await store.claim(todo_id, agent.name, data.ttl, scope=agent.scope))
+    return TodoOut.of(await caller.store.claim(todo_id, caller.name, data.ttl, scope=caller.scope))
 
 
 @post(
@@ -110,10 +150,10 @@ async def claim(
 async def heartbeat(
     todo_id: FromPath[str],
     data: JSONBody[HeartbeatIn],
-    agent: NamedDependency[Agent],
-    store: NamedDependency[Store],
+    caller: NamedDependency[Caller],
 ) -> TodoOut:
-    return TodoOut.of(await store.heartbeat(todo_id, agent.name, data.lease, data.ttl, scope=agent.scope))
+    todo = await caller.store.heartbeat(todo_id, caller.name, data.lease, data.ttl, scope=caller.scope)
+    return TodoOut.of(todo)
 
 
 @post(
@@ -122,10 +162,9 @@ async def heartbeat(
 async def release(
     todo_id: FromPath[str],
     data: JSONBody[ReleaseIn],
-    agent: NamedDependency[Agent],
-    store: NamedDependency[Store],
+    caller: NamedDependency[Caller],
 ) -> TodoOut:
-    return TodoOut.of(await store.release(todo_id, agent.name, data.lease, scope=agent.scope))
+    return TodoOut.of(await caller.store.release(todo_id, caller.name, data.lease, scope=caller.scope))
 
 
 @post(
@@ -137,14 +176,13 @@ async def release(
 async def complete(
     todo_id: FromPath[str],
     data: JSONBody[CompleteIn],
-    agent: NamedDependency[Agent],
-    store: NamedDependency[Store],
+    caller: NamedDependency[Caller],
 ) -> CompleteOut:
     if data.next is None:
-        done = await store.complete(todo_id, agent.name, data.lease, data.result, scope=agent.scope)
+        done = await caller.store.complete(todo_id, caller.name, data.lease, data.result, scope=caller.scope)
         return CompleteOut(todo=TodoOut.of(done))
-    done, nxt = await store.complete_and_claim_next(
-        todo_id, agent.name, data.lease, data.result, data.next.queues, data.next.ttl, scope=agent.scope
+    done, nxt = await caller.store.complete_and_claim_next(
+        todo_id, caller.name, data.lease, data.result, data.next.queues, data.next.ttl, scope=caller.scope
     )
     return CompleteOut(todo=TodoOut.of(done), next=TodoOut.of(nxt))
 
@@ -158,24 +196,21 @@ async def complete(
 async def fail(
     todo_id: FromPath[str],
     data: JSONBody[FailIn],
-    agent: NamedDependency[Agent],
-    store: NamedDependency[Store],
+    caller: NamedDependency[Caller],
 ) -> FailOut:
-    return FailOut.of(await store.fail(todo_id, agent.name, data.lease, data.error, scope=agent.scope))
+    todo = await caller.store.fail(todo_id, caller.name, data.lease, data.error, scope=caller.scope)
+    return FailOut.of(todo)
 
 
 @get("/todos/{todo_id:str}", summary="One todo with its history", responses=ON_TODO)
-async def get_todo(
-    todo_id: FromPath[str], agent: NamedDependency[Agent], reads: NamedDependency[Reads]
-) -> TodoDetailOut:
-    detail = await reads.todo_detail(todo_id, scope=agent.scope)
+async def get_todo(todo_id: FromPath[str], caller: NamedDependency[Caller]) -> TodoDetailOut:
+    detail = await caller.services.reads.todo_detail(todo_id, scope=caller.scope)
     return TodoDetailOut(todo=TodoOut.of(detail.todo), history=detail.history, event=detail.event)
 
 
 @get("/todos", summary="List todos, newest first (keyset-paginated with `after`)", responses=BAD_INPUT)
 async def list_todos(
-    agent: NamedDependency[Agent],
-    reads: NamedDependency[Reads],
+    caller: NamedDependency[Caller],
     queue: FromQuery[str | None] = None,
     state_filter: Annotated[
         str | None, QueryParameter(name="state", description=f"one of {', '.join(LIST_STATES)}")
@@ -184,9 +219,9 @@ async def list_todos(
     after: Annotated[str | None, Parameter(description="the `next` of the previous page")] = None,
 ) -> TodoPage:
     if queue:
-        agent.scope.check([queue])
-    filters = TodoFilter(queue=queue, queues=None if queue else agent.scope.queues, state=state_filter)
-    result = await reads.list_todos(filters, limit=limit, after=after)
+        caller.scope.check([queue])
+    filters = TodoFilter(queue=queue, queues=None if queue else caller.scope.queues, state=state_filter)
+    result = await caller.services.reads.list_todos(filters, limit=limit, after=after)
     return TodoPage(items=[TodoOut.of(t) for t in result.items], next=result.next_cursor)
 
 
@@ -198,9 +233,7 @@ async def list_todos(
     responses=BAD_INPUT,
 )
 async def channels(
-    agent: NamedDependency[Agent],
-    hub: NamedDependency[Hub],
-    accounts: NamedDependency[Accounts],
+    caller: NamedDependency[Caller],
     queues: Annotated[
         str | None,
         Parameter(
@@ -209,8 +242,9 @@ async def channels(
     ] = None,
 ) -> ServerSentEvent:
     names = check_queues([q.strip() for q in (queues or "").split(",") if q.strip()])
-    agent.scope.check(names)
-    return ServerSentEvent(channel_stream(hub, accounts, names, agent.scope))
+    caller.scope.check(names)
+    known = caller.services
+    return ServerSentEvent(channel_stream(known.hub, known.accounts, names, caller.scope))
 
 
 router = Router(
@@ -219,6 +253,7 @@ router = Router(
         create_todo,
         create_batch,
         claim_next,
+        acks,
         claim,
         heartbeat,
         release,
@@ -228,7 +263,7 @@ router = Router(
         list_todos,
         channels,
     ],
-    dependencies={"agent": Provide(require_agent)},
+    dependencies={"caller": Provide(require_agent)},
     security=[{"bearer": []}],  # the docs page's "Authorize" takes an agent token
     tags=["agents"],
 )

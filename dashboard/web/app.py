@@ -45,6 +45,7 @@ from dashboard.web.live import page_stream
 from dashboard.web.services import Services
 from dashboard.web.sessions import is_https, save_flash
 from dashboard.web.stats_cache import StatsCache
+from dashboard.web.token_cache import TokenCache
 
 PACKAGE = Path(str(files("dashboard")))  # templates/ and static/ ship inside it (pyproject.toml)
 MAX_BODY = 8 * 1024 * 1024  # a batch of todos; each payload is limited to 256 KiB on its own
@@ -138,9 +139,14 @@ def create_app(dsn: str, config: WebConfig, *, reaper: bool = True, pool_size: i
         pool = await create_pool(dsn, max_size=pool_size)
         hub = Hub(dsn)
         await hub.start()
-        reads = Reads(pool)
+        reads, accounts = Reads(pool), Accounts(pool)
         app.state.services = Services(
-            store=Store(pool), reads=reads, accounts=Accounts(pool), hub=hub, stats=StatsCache(reads, hub)
+            store=Store(pool, hints=hub),
+            reads=reads,
+            accounts=accounts,
+            hub=hub,
+            stats=StatsCache(reads, hub),
+            tokens=TokenCache(accounts, hub),
         )
         stop = asyncio.Event()
         task = asyncio.create_task(run_reaper(app.state.services.store, stop=stop)) if reaper else None

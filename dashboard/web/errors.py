@@ -89,10 +89,22 @@ def wants_json(request: Request) -> bool:
     return request.url.path.startswith("/api/") or ("json" in accept and "html" not in accept)
 
 
+def problem_body(status: int, detail: str, **extra) -> dict:
+    """RFC 9457 problem details: of a response, or of one item of a batch (POST /acks)."""
+    body = {"type": "about:blank", "title": _TITLES.get(status, "Error"), "status": status, "detail": detail}
+    return {**body, **extra}
+
+
+def problem_of(exc: Exception) -> dict:
+    status = status_of(exc)
+    detail, extra = detail_of(exc, status)
+    return problem_body(status, detail, **extra)
+
+
 def problem(status: int, detail: str, headers: dict | None = None, **extra) -> Response:
     """An RFC 9457 problem details response."""
-    body = {"type": "about:blank", "title": _TITLES.get(status, "Error"), "status": status, "detail": detail}
-    return Response({**body, **extra}, status_code=status, media_type=PROBLEM, headers=headers)
+    body = problem_body(status, detail, **extra)
+    return Response(body, status_code=status, media_type=PROBLEM, headers=headers)
 
 
 def handle(request: Request, exc: Exception) -> Response:

@@ -131,11 +131,12 @@ async def claim_waiting(
     ttl: float,
     wait: float,
     scope: Scope,
-) -> Todo | None:
-    """Claim now, or wait up to `wait` seconds for a hint (re-checking every few seconds).
-    A process that is stopping claims nothing more: the wait ends with None (204). A token
-    revoked meanwhile claims nothing either: 401, checked before every try after the first
-    (the request itself was authorised just before it)."""
+    n: int = 1,
+) -> list[Todo]:
+    """Claim up to n todos now, or wait up to `wait` seconds for a hint (re-checking every
+    few seconds) and claim then. A process that is stopping claims nothing more: the wait
+    ends with none (204). A token revoked meanwhile claims nothing either: 401, checked
+    before every try after the first (the request itself was authorised just before it)."""
     wait = check_wait(wait)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
@@ -146,13 +147,13 @@ async def claim_waiting(
     ) as sub:  # subscribed before the first try: no lost wake-up
         while True:
             if sub.ended:
-                return None
+                return []
             if not first and not await still_allowed(sub):
                 raise NotAuthorizedException("the token was revoked")
             first = False
-            todo = await store.claim_next(queues, owner, ttl, scope=scope)
+            todos = await store.claim_batch(queues, owner, ttl, n, scope=scope)
             remaining = deadline - loop.time()
-            if todo is not None or remaining <= 0:
-                return todo
+            if todos or remaining <= 0:
+                return todos
             await sub.wait(min(remaining, POLL_FALLBACK))
             sub.take()

@@ -90,10 +90,21 @@ class BatchOut(msgspec.Struct):
     results: list[CreatedOut]
 
 
+MAX_HTTP_BATCH = 100  # todos per claim with `max`, acks per POST /acks
+BatchSize = Annotated[int, _documented("how many todos to claim at most", minimum=1, maximum=MAX_HTTP_BATCH)]
+
+
 class ClaimIn(msgspec.Struct, forbid_unknown_fields=True):
     queues: QueueNames
     ttl: Ttl = 30
     wait: Wait = 0
+    max: BatchSize | None = None
+
+
+class ClaimedOut(msgspec.Struct):
+    """The answer to a claim with `max`: up to `max` todos, oldest first (none: `[]`)."""
+
+    todos: list[TodoOut]
 
 
 class ClaimByIdIn(msgspec.Struct, forbid_unknown_fields=True):
@@ -128,6 +139,41 @@ class CompleteOut(msgspec.Struct):
 class FailIn(msgspec.Struct, forbid_unknown_fields=True):
     lease: Lease
     error: str
+
+
+class CompleteAck(msgspec.Struct, forbid_unknown_fields=True):
+    result: dict[str, Any] | None = None
+
+
+class FailAck(msgspec.Struct, forbid_unknown_fields=True):
+    error: str
+
+
+class AckIn(msgspec.Struct, forbid_unknown_fields=True):
+    """Complete or fail one held todo: exactly one of `complete` and `fail`."""
+
+    id: str
+    lease: Lease
+    complete: CompleteAck | None = None
+    fail: FailAck | None = None
+
+
+class AcksIn(msgspec.Struct, forbid_unknown_fields=True):
+    acks: Annotated[list[AckIn], _documented(f"1 to {MAX_HTTP_BATCH} acks", min_items=1)]
+
+
+class AckOut(msgspec.Struct, omit_defaults=True):
+    """One ack's answer: `status` 200 with the todo, or the status and problem details
+    that the single-todo call would have answered (409 for a stale lease, 404…)."""
+
+    id: str
+    status: int
+    todo: TodoOut | None = None
+    problem: dict[str, Any] | None = None
+
+
+class AcksOut(msgspec.Struct):
+    results: list[AckOut]
 
 
 class FailOut(msgspec.Struct):

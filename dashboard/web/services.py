@@ -16,6 +16,7 @@ from dashboard.reads import Reads
 from dashboard.store import Store
 from dashboard.web.limits import Limits
 from dashboard.web.stats_cache import StatsCache
+from dashboard.web.token_cache import TokenCache
 
 
 @dataclass
@@ -25,6 +26,7 @@ class Services:
     accounts: Accounts
     hub: Hub
     stats: StatsCache
+    tokens: TokenCache
     limits: Limits = field(default_factory=Limits)
     has_operators: bool = False  # remembered once true: operators are never all removed at run time
 

@@ -251,8 +251,9 @@ WITH expired AS (
 SELECT * FROM reaped;
 
 -- name: promote_due_retries
--- Up to :limit retrying todos whose time has come: clearing next_retry_at fires the
--- NOTIFY hint that wakes waiting workers (claims already accept a due retry without this).
+-- Up to :limit retrying todos whose time has come: clearing next_retry_at tells pages
+-- they are ready, and the queues come back so the store can hint waiting workers
+-- (claims already accept a due retry without this).
 WITH due AS (
     SELECT id FROM todos
     WHERE state = 'pending' AND next_retry_at <= now()
@@ -267,7 +268,7 @@ WITH due AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
     SELECT id, 'pending', 'pending', 'system', 'reaper', attempt, 'retry due' FROM promoted
 )
-SELECT count(*) FROM promoted;
+SELECT count(*)::int AS promoted, coalesce(array_agg(DISTINCT queue), '{}') AS queues FROM promoted;
 
 -- name: retry
 -- Operator (:actor_kind, :actor) retries dead-lettered todo :id: a fresh budget (attempt 0) unless

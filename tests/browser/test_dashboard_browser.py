@@ -20,8 +20,7 @@ pytestmark = pytest.mark.browser
 
 LISTENER = """
 SELECT pid FROM pg_stat_activity
-WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
-  AND (query LIKE 'LISTEN%' OR query = 'SELECT 1')
+WHERE datname = current_database() AND application_name = 'switchboard listener'
 """
 
 
