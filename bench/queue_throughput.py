@@ -27,11 +27,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import inspect
 import json
 import logging
 import os
 import platform
+import random
 import re
 import statistics
 import sys
@@ -45,12 +45,13 @@ from pathlib import Path
 import asyncpg
 import harness
 from harness import Server, log
-from stats import Series, rotated, table, timed
+from stats import Series, pct, rotated, table, timed
 
 from dashboard import db as dbmod
 from dashboard import queries
 from dashboard.models import PRODUCER, Actor, NewTodo
-from dashboard.store import Store
+from dashboard.notify import Hub
+from dashboard.store import HintSink, Store
 
 QUEUE = "bench"
 TTL = 300.0  # long enough that no lease lapses during a run
@@ -350,6 +351,7 @@ class Results:
         self.rows: list[Row | str] = []  # a str is a section heading
         self.commit_ms: list[float] = []  # commit probes, before and after each family
         self.loads: list[tuple[str, float]] = []  # (family, 1-minute load average as it began)
+        self.latencies: list[Latency] = []  # hint wake-up latency
 
     def add(self, key: str, label: str, rate: float) -> None:
         self.series.setdefault(key, Series(key, label)).rates.append(rate)
@@ -439,27 +441,31 @@ class NoHints:
         return None
 
 
-# Until hints are sent after the commit (migration 0006), Store takes no hints and the
-# NOTIFY triggers send them inside the producer's transaction.
-STORE_TAKES_HINTS = "hints" in inspect.signature(Store).parameters
+NO_HINTS = NoHints()
 
 
-def new_store(db, hints=None) -> Store:
-    return Store(db, hints=hints) if STORE_TAKES_HINTS else Store(db)
+async def start_hub(hub: Hub) -> None:
+    await hub.start()
+    if not hub.connected.is_set():
+        raise RuntimeError("the hub did not connect")
 
 
 @contextlib.asynccontextmanager
-async def stores(dsn: str, n: int, *, pool: bool, hints=None):
-    """n Stores, each on its own connection, or all on one pool of n connections."""
+async def stores(dsn: str, n: int, *, pool: bool, hints: HintSink | None = NO_HINTS):
+    """n Stores, each on its own connection, or all on one pool of n connections.
+
+    Without `hints` they send none, as the baseline loop and pgbench send none: the
+    comparisons with those measure the Store itself; what hints cost is measured apart
+    (family "hints", and create_many with a Hub)."""
     if pool:
         shared = await dbmod.create_pool(dsn, min_size=n, max_size=n)
         try:
-            yield [new_store(shared, hints) for _ in range(n)]
+            yield [Store(shared, hints=hints) for _ in range(n)]
         finally:
             await shared.close()
     else:
         async with connections(dsn, n, codec=True) as conns:
-            yield [new_store(c, hints) for c in conns]
+            yield [Store(c, hints=hints) for c in conns]
 
 
 # -- workers: the store ------------------------------------------------------------------
@@ -724,7 +730,8 @@ async def run_pgqueuer(dsn: str, admin: asyncpg.Connection, n: int, workers: int
 
 
 async def family_enqueue(server: Server, args, results: Results, _tmp: Path) -> None:
-    """Enqueue one at a time and in batches of 100 (4 producers); NOTIFY trigger cost."""
+    """Enqueue one at a time and in batches of 100 (4 producers); what hints through a Hub
+    cost the batches."""
     dsn = await server.new_database("enqueue", check=check_parameters)
     admin = await asyncpg.connect(dsn)
     total = max(args.todos, args.batched_todos)
@@ -770,24 +777,19 @@ async def family_enqueue(server: Server, args, results: Results, _tmp: Path) -> 
                 ]
             )
 
-    async def store_many():
-        async with stores(dsn, PRODUCERS, pool=args.pool) as ss:
-            return await timed(
-                [
-                    store_enqueue_batches(s, part)
-                    for s, part in zip(ss, split(chunks(many_items)), strict=True)
-                ]
-            )
+    def store_many(hints):
+        async def run():
+            async with stores(dsn, PRODUCERS, pool=args.pool, hints=hints) as ss:
+                return await timed(
+                    [
+                        store_enqueue_batches(s, part)
+                        for s, part in zip(ss, split(chunks(many_items)), strict=True)
+                    ]
+                )
 
-    async def store_many_untriggered():
-        await admin.execute("ALTER TABLE todos DISABLE TRIGGER todos_notify_insert")
-        await admin.execute("ALTER TABLE todos DISABLE TRIGGER todos_notify_update")
-        try:
-            return await store_many()
-        finally:
-            await admin.execute("ALTER TABLE todos ENABLE TRIGGER todos_notify_insert")
-            await admin.execute("ALTER TABLE todos ENABLE TRIGGER todos_notify_update")
+        return run
 
+    hub = Hub(dsn)
     groups = [
         [
             ("enq1_base", "baseline SQL loop: create_todos with 1 item, 4 producers", base_one),
@@ -799,18 +801,16 @@ async def family_enqueue(server: Server, args, results: Results, _tmp: Path) -> 
                 f"baseline SQL loop: create_todos with {ENQUEUE_BATCH} items, 4 producers",
                 base_many,
             ),
-            ("enqN_store", f"Store.create_many({ENQUEUE_BATCH}), 4 producers", store_many),
-        ],
-        [
-            ("trig_on", f"Store.create_many({ENQUEUE_BATCH}), NOTIFY triggers on", store_many),
+            ("enqN_store", f"Store.create_many({ENQUEUE_BATCH}), 4 producers", store_many(NO_HINTS)),
             (
-                "trig_off",
-                f"Store.create_many({ENQUEUE_BATCH}), NOTIFY triggers disabled",
-                store_many_untriggered,
+                "enqN_hub",
+                f"Store.create_many({ENQUEUE_BATCH}), 4 producers, hints through a Hub",
+                store_many(hub),
             ),
         ],
     ]
     try:
+        await start_hub(hub)
         await commit_probe(admin, results)
         for rep in range(args.runs):
             log(f"[enqueue] run {rep + 1}/{args.runs}")
@@ -824,13 +824,9 @@ async def family_enqueue(server: Server, args, results: Results, _tmp: Path) -> 
                         raise RuntimeError(f"{label}: enqueued {made} of {n}")
                     await harness.expect_states(admin, {"pending": n, "done": SEED_DONE}, label)
                     results.add(key, label, rate_line(label, n, seconds))
-        enabled = await admin.fetch(
-            "SELECT tgname, tgenabled FROM pg_trigger WHERE tgrelid = 'todos'::regclass AND NOT tgisinternal"
-        )
-        if any(r["tgenabled"] == "D" for r in enabled):
-            raise RuntimeError("a NOTIFY trigger was left disabled")
         await commit_probe(admin, results)
     finally:
+        await hub.stop()
         await admin.close()
 
 
@@ -901,7 +897,7 @@ async def family_limit(server: Server, args, results: Results, tmp: Path) -> Non
             return [seq[p::parts] for p in range(parts)]
 
         async def on_stores(worker, *per_worker) -> tuple[float, int]:
-            async with stores(dsn, clients, pool=args.pool, hints=NoHints()) as ss:
+            async with stores(dsn, clients, pool=args.pool, hints=NO_HINTS) as ss:
                 return await timed(
                     [worker(st, f"w{i}", *(a[i] for a in per_worker)) for i, st in enumerate(ss)]
                 )
@@ -1072,6 +1068,174 @@ async def family_limit(server: Server, args, results: Results, tmp: Path) -> Non
         await bare.close()
 
 
+# -- hints: what sending them costs an enqueue, and how soon they wake a waiter -----------
+
+HINT_PRODUCERS = (1, 4, 8)
+WAKE_QUEUE = "bench-wake"  # the wake-up samples' queue (the load goes to QUEUE)
+WAKE_TARGET_MS = 25.0  # p95, enqueue committed -> waiting subscription in another process
+LISTENER = Path(__file__).resolve().parent / "hint_listener.py"
+
+
+@dataclass
+class Latency:
+    label: str
+    from_return: list[float]  # ms from Store.create() returning (committed) to the wake-up
+    from_call: list[float]  # ms from calling Store.create() to the wake-up
+    lost: int = 0  # enqueues whose wake-up did not come within WAKE_WAIT
+
+    @property
+    def p95(self) -> float:
+        return pct(self.from_return, 95)
+
+    @property
+    def verdict(self) -> str:
+        return "PASS" if self.from_return and not self.lost and self.p95 <= WAKE_TARGET_MS else "MISS"
+
+
+WAKE_WAIT = 2.0  # seconds a sample waits for its wake-up before it counts as lost
+
+
+async def family_hints(server: Server, args, results: Results, _tmp: Path) -> None:
+    """Store.create at 1, 4 and 8 producers with hints through the process's Hub, with
+    none at all, and (for context) with hints=None, the Store's own NOTIFY statement after
+    each commit; then the wake-up latency from a committed enqueue to a subscription in
+    another process, idle and under load."""
+    dsn = await server.new_database("hints", check=check_parameters)
+    admin = await asyncpg.connect(dsn)
+    hub = Hub(dsn)
+    n = args.todos
+    items = [
+        NewTodo(
+            queue=QUEUE,
+            title=f"todo {i}",
+            kind="bench",
+            source="bench",
+            payload={"n": i},
+            idempotency_key=f"key-{i:08d}",
+        )
+        for i in range(n)
+    ]
+
+    def produce(producers: int, hints: HintSink | None):
+        async def run() -> tuple[float, int]:
+            parts = [items[p::producers] for p in range(producers)]
+            async with stores(dsn, producers, pool=args.pool, hints=hints) as ss:
+                return await timed([store_enqueue_one(st, part) for st, part in zip(ss, parts, strict=True)])
+
+        return run
+
+    def plural(p: int) -> str:
+        return f"{p} producer{'s' if p > 1 else ''}"
+
+    groups = [
+        [
+            (f"hub@{p}", f"Store.create, {plural(p)}, hints through the Hub", produce(p, hub)),
+            (f"nohints@{p}", f"Store.create, {plural(p)}, no hints at all", produce(p, NO_HINTS)),
+            (f"ownhint@{p}", f"Store.create, {plural(p)}, hints=None (own NOTIFY)", produce(p, None)),
+        ]
+        for p in HINT_PRODUCERS
+    ]
+    idle = Latency("idle: one enqueue at a time", [], [])
+    busy = Latency(f"under load: 4 producers enqueue into {QUEUE!r} meanwhile", [], [])
+    try:
+        await start_hub(hub)
+        await commit_probe(admin, results)
+        for rep in range(args.runs):
+            for group in groups:
+                log(f"[hints] run {rep + 1}/{args.runs}, {group[0][1].split(', ')[1]}")
+                for key, label, run in rotated(group, rep):
+                    await reset(admin)
+                    await harness.settle(admin)
+                    seconds, made = await run()
+                    if made != n:
+                        raise RuntimeError(f"{label}: enqueued {made} of {n}")
+                    await harness.expect_states(admin, {"pending": n, "done": SEED_DONE}, label)
+                    results.add(key, label, rate_line(label, n, seconds))
+            for latency, load in rotated([(idle, False), (busy, True)], rep):
+                await reset(admin)
+                await harness.settle(admin)
+                await wake_latency(dsn, hub, latency, args.wake_samples, load=load)
+        await commit_probe(admin, results)
+    finally:
+        await hub.stop()
+        await admin.close()
+    results.latencies += [idle, busy]
+
+
+async def wake_latency(dsn: str, hub: Hub, into: Latency, samples: int, *, load: bool) -> None:
+    """`samples` enqueues into WAKE_QUEUE through a Store with `hub`, each after a short
+    random pause, timed to the wake-up of a subscription in hint_listener.py (another
+    process, its own hub); with `load`, 4 producers enqueue into QUEUE through the same
+    hub meanwhile."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(harness.ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(LISTENER),
+        dsn,
+        WAKE_QUEUE,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env=env,
+        cwd=harness.ROOT,
+    )
+    stop = asyncio.Event()
+    loaders: list[asyncio.Task] = []
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            line = await asyncio.wait_for(proc.stdout.readline(), 30)
+            if line.strip() != b"ready":
+                raise RuntimeError(f"hint_listener.py did not start: {line!r}")
+            conn = await dbmod.connect(dsn)
+            stack.push_async_callback(conn.close)
+            store = Store(conn, hints=hub)
+            if load:
+
+                async def producer(st: Store, p: int) -> None:
+                    i = 0
+                    while not stop.is_set():
+                        await st.create(NewTodo(queue=QUEUE, title=f"load {p}-{i}", payload={"n": i}))
+                        i += 1
+
+                load_stores = await stack.enter_async_context(stores(dsn, 4, pool=False, hints=hub))
+                loaders = [asyncio.create_task(producer(st, p)) for p, st in enumerate(load_stores)]
+                await asyncio.sleep(0.5)  # let the load get going
+            try:
+                await wake_samples(proc, store, into, samples)
+            finally:
+                stop.set()
+                await asyncio.gather(*loaders)
+    finally:
+        proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            proc.terminate()  # by its pid: the one process this function started
+            await proc.wait()
+
+
+async def wake_samples(proc, store: Store, into: Latency, samples: int) -> None:
+    for i in range(samples):
+        await asyncio.sleep(random.uniform(0.005, 0.015))
+        called = time.monotonic()
+        await store.create(NewTodo(queue=WAKE_QUEUE, title=f"wake {i}"))
+        returned = time.monotonic()
+        deadline = returned + WAKE_WAIT
+        while True:  # a late wake-up of an earlier sample is skipped
+            try:
+                line = await asyncio.wait_for(proc.stdout.readline(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                into.lost += 1
+                break
+            woke = float(line.split()[0])
+            if woke >= called:
+                into.from_return.append((woke - returned) * 1000)
+                into.from_call.append((woke - called) * 1000)
+                break
+
+
 # -- the report --------------------------------------------------------------------------
 
 
@@ -1102,9 +1266,8 @@ def build_rows(results: Results) -> None:
     row("enq1_store", "enq1_base", 0.85, "≥ 0.85×")
     row("enqN_base")
     row("enqN_store", "enqN_base", 0.9, "≥ 0.90×")
-    row("trig_off")
-    # "at most 15% slower": the run with triggers takes at most 1.15 times as long.
-    row("trig_on", "trig_off", 1 / 1.15, "≤ 15% slower")
+    # "at most 15% slower": the run with hints takes at most 1.15 times as long.
+    row("enqN_hub", "enqN_store", 1 / 1.15, "≤ 15% slower")
     if s("pgb_cc") or s("pgb_create"):
         rows.append("the limit: the Store against pgbench running the same statements (4 workers / clients)")
     for scenario in ("cc", "cacn", "batch", "create", "many"):
@@ -1116,6 +1279,12 @@ def build_rows(results: Results) -> None:
     row("pgb_cc", "bare_cc", 0.75, "≥ 0.75×")
     row("bare_enq")
     row("pgb_create", "bare_enq")
+    if s("nohints@1"):
+        rows.append("enqueue with hints: Store.create, one todo per call, each producer on its connection")
+    for p in HINT_PRODUCERS:
+        row(f"nohints@{p}")
+        row(f"hub@{p}", f"nohints@{p}", 0.9, "≥ 0.90×")
+        row(f"ownhint@{p}", f"nohints@{p}")
 
 
 def render(results: Results, header: list[str]) -> str:
@@ -1138,7 +1307,37 @@ def render(results: Results, header: list[str]) -> str:
                 r.verdict,
             )
         )
-    return "\n".join([*header, "", *table(rows, {1, 2, 3})])
+    out = [*header, "", *table(rows, {1, 2, 3})]
+    if results.latencies:
+        out += ["", *latency_table(results.latencies)]
+    return "\n".join(out)
+
+
+def latency_table(latencies: list[Latency]) -> list[str]:
+    heading = "hint wake-up, Store.create with the Hub -> another process's hub"
+    rows: list[tuple[str, ...]] = [
+        (heading, "samples", "p50", "p95", "max", "p95 from the call", "lost", "target", "result")
+    ]
+    for lat in latencies:
+        ms = lat.from_return
+        rows.append(
+            (
+                lat.label,
+                f"{len(ms)}",
+                f"{pct(ms, 50):.1f} ms",
+                f"{pct(ms, 95):.1f} ms",
+                f"{max(ms, default=float('nan')):.1f} ms",
+                f"{pct(lat.from_call, 95):.1f} ms",
+                f"{lat.lost}",
+                f"p95 ≤ {WAKE_TARGET_MS:.0f} ms",
+                lat.verdict,
+            )
+        )
+    return [
+        *table(rows, {1, 2, 3, 4, 5, 6}),
+        "(from create() returning, i.e. after its commit, to the wait's return in hint_listener.py;"
+        " 'from the call' includes the enqueue itself)",
+    ]
 
 
 def load_text(load: tuple[float, float, float]) -> str:
@@ -1164,8 +1363,6 @@ def short_name(key: str) -> str:
         "enq1_store": "Store.create",
         "enqN_base": "baseline 100/call",
         "enqN_store": "create_many",
-        "trig_on": "triggers on",
-        "trig_off": "triggers off",
         "pgb_cc": "pgbench",
         "pgb_cacn": "pgbench",
         "pgb_batch": "pgbench",
@@ -1181,7 +1378,13 @@ def short_name(key: str) -> str:
 # -- main --------------------------------------------------------------------------------
 
 
-FAMILIES = {"claim": family_claim, "batch": family_batch, "enqueue": family_enqueue, "limit": family_limit}
+FAMILIES = {
+    "claim": family_claim,
+    "batch": family_batch,
+    "enqueue": family_enqueue,
+    "limit": family_limit,
+    "hints": family_hints,
+}
 
 
 async def run_all(server: Server, args, tmp: Path) -> int:
@@ -1238,6 +1441,10 @@ async def run_all(server: Server, args, tmp: Path) -> int:
             for r in results.rows
             if isinstance(r, Row)
         ],
+        "wake_ms": [
+            {"label": lat.label, "from_return": lat.from_return, "from_call": lat.from_call, "lost": lat.lost}
+            for lat in results.latencies
+        ],
     }
     return report(results, header, dump, args)
 
@@ -1248,7 +1455,9 @@ def report(results: Results, header: list[str], dump: dict, args) -> int:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(dump, indent=2))
-    missed = any(isinstance(r, Row) and r.verdict == "MISS" for r in results.rows)
+    missed = any(isinstance(r, Row) and r.verdict == "MISS" for r in results.rows) or any(
+        lat.verdict == "MISS" for lat in results.latencies
+    )
     return 1 if (missed and args.strict) else 0
 
 
@@ -1273,6 +1482,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--pool", action="store_true", help="Store on one shared pool instead of one connection per worker"
     )
+    parser.add_argument(
+        "--wake-samples", type=int, metavar="N", help="hint wake-up samples per run and condition (200)"
+    )
     parser.add_argument("--uvloop", action="store_true", help="run on uvloop")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
@@ -1280,6 +1492,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.runs = args.runs or (1 if args.quick else 3)
     args.todos = args.todos or (400 if args.quick else 5000)
     args.batched_todos = args.batched_todos or 10 * args.todos
+    args.wake_samples = args.wake_samples or (40 if args.quick else 200)
     if args.runs < 1 or min(args.todos, args.batched_todos) < ENQUEUE_BATCH:
         parser.error(f"--runs must be at least 1, and --todos and --batched-todos at least {ENQUEUE_BATCH}")
     return args
