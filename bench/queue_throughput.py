@@ -1,7 +1,8 @@
-"""Queue throughput: the store against a bare asyncpg loop over the same SQL, and PgQueuer.
+"""Queue throughput: the store against a bare asyncpg loop and pgbench over the same SQL,
+and PgQueuer; what hints cost an enqueue and how soon they wake a waiter.
 
-    .venv/bin/python bench/queue_throughput.py            # full run, ~4 min on 2 quiet cores
-    .venv/bin/python bench/queue_throughput.py --quick    # smoke run, well under a minute
+    .venv/bin/python bench/queue_throughput.py            # full run, FULL_TIME on 2 quiet cores
+    .venv/bin/python bench/queue_throughput.py --quick    # smoke run, under a minute
     DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/...
 
 Everything runs in one process against one server: DATABASE_URL if set, else an embedded
@@ -18,8 +19,14 @@ vacuumed, analyzed and checkpointed, so every variant starts from the same state
 Progress goes to stderr; the table goes to stdout. See bench/README.md for what each row
 measures.
 
-The server, its databases and the main loop are harness.py's; every use of dashboard's SQL
-text is in the "baseline statements" section below.
+The families: claim (1, 4, 16 workers), batch (against PgQueuer), enqueue, limit (the
+Store against pgbench running our own statements, and those against the seed's bare
+ones) and hints (Store.create with and without hints at 1, 4, 8 producers; wake-up
+latency); --only picks some.
+
+The server, its databases, pgbench and the main loop are harness.py's; every use of
+dashboard's SQL text, the pgbench scripts included, is in the "baseline statements"
+section below.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import os
 import platform
 import random
 import re
+import resource
 import statistics
 import sys
 import time
@@ -352,6 +360,7 @@ class Results:
         self.commit_ms: list[float] = []  # commit probes, before and after each family
         self.loads: list[tuple[str, float]] = []  # (family, 1-minute load average as it began)
         self.latencies: list[Latency] = []  # hint wake-up latency
+        self.cpu: dict[str, list[float]] = {}  # client CPU ms per todo (the limit family)
 
     def add(self, key: str, label: str, rate: float) -> None:
         self.series.setdefault(key, Series(key, label)).rates.append(rate)
@@ -853,6 +862,13 @@ async def seed_fill(bare: asyncpg.Connection) -> None:
             await bare.execute(statement)
 
 
+def client_cpu() -> float:
+    """CPU seconds used so far on the client side: this process and its finished children
+    (pgbench)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
 def per_client(n: int, todos_per_transaction: int) -> int:
     """pgbench transactions per client (-t) for about n todos over LIMIT_CLIENTS clients."""
     return max(1, n // (LIMIT_CLIENTS * todos_per_transaction))
@@ -1059,9 +1075,12 @@ async def family_limit(server: Server, args, results: Results, tmp: Path) -> Non
             for group in groups:
                 for key, label, prepare, run, check in rotated(group, rep):
                     await prepare()
+                    cpu = client_cpu()
                     seconds, done = await run()
+                    cpu = client_cpu() - cpu
                     await check()
                     results.add(key, label, rate_line(label, done, seconds))
+                    results.cpu.setdefault(key, []).append(cpu * 1000 / done)
         await commit_probe(admin, results)
     finally:
         await admin.close()
@@ -1288,7 +1307,9 @@ def build_rows(results: Results) -> None:
 
 
 def render(results: Results, header: list[str]) -> str:
-    rows: list[tuple[str, ...]] = [("scenario", "todos/s", "spread", "ratio", "vs", "target", "result")]
+    rows: list[tuple[str, ...]] = [
+        ("scenario", "todos/s", "spread", "ratio", "vs", "target", "result", "client CPU/todo")
+    ]
     names = {}
     for r in results.rows:
         if isinstance(r, Row):
@@ -1305,9 +1326,15 @@ def render(results: Results, header: list[str]) -> str:
                 "" if r.versus is None else names.get(r.versus.key, r.versus.key),
                 r.target_text,
                 r.verdict,
+                cpu_cell(results.cpu.get(r.series.key)),
             )
         )
-    out = [*header, "", *table(rows, {1, 2, 3})]
+    out = [*header, "", *table(rows, {1, 2, 3, 7})]
+    if results.cpu:
+        out.append(
+            "client CPU/todo: CPU time of the client side (this process for the Store, pgbench for "
+            "pgbench) per todo, median; the server shares the same cores"
+        )
     if results.latencies:
         out += ["", *latency_table(results.latencies)]
     return "\n".join(out)
@@ -1338,6 +1365,10 @@ def latency_table(latencies: list[Latency]) -> list[str]:
         "(from create() returning, i.e. after its commit, to the wait's return in hint_listener.py;"
         " 'from the call' includes the enqueue itself)",
     ]
+
+
+def cpu_cell(values: list[float] | None) -> str:
+    return f"{statistics.median(values):.3f} ms" if values else ""
 
 
 def load_text(load: tuple[float, float, float]) -> str:
@@ -1441,6 +1472,7 @@ async def run_all(server: Server, args, tmp: Path) -> int:
             for r in results.rows
             if isinstance(r, Row)
         ],
+        "client_cpu_ms_per_todo": results.cpu,
         "wake_ms": [
             {"label": lat.label, "from_return": lat.from_return, "from_call": lat.from_call, "lost": lat.lost}
             for lat in results.latencies
