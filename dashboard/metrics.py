@@ -9,6 +9,8 @@ are not kept here: each scrape builds them from the overview's counts (`expositi
 
 from __future__ import annotations
 
+import functools
+from collections import Counter as Tally
 from collections.abc import Iterable
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
@@ -57,60 +59,67 @@ HTTP_REQUESTS = Histogram(
 )
 
 
+@functools.lru_cache(maxsize=4096)
+def _child(metric, *labels: str):
+    """metric.labels(*labels), remembered: the lookup cost more than the count itself on
+    the store's hot paths (the metric keeps every child anyway)."""
+    return metric.labels(*labels)
+
+
 def created(results: Iterable[Created]) -> None:
-    for result in results:
-        (CREATED if result.created else DEDUPLICATED).labels(result.todo.queue).inc()
+    for (new, queue), n in Tally((r.created, r.todo.queue) for r in results).items():
+        _child(CREATED if new else DEDUPLICATED, queue).inc(n)
 
 
 def claimed(todos: Iterable[Todo]) -> None:
     for todo in todos:
-        CLAIMED.labels(todo.queue).inc()
+        _child(CLAIMED, todo.queue).inc()
         if todo.lease_token == 1:  # the first claim: later ones wait since a retry or release
-            TIME_IN_QUEUE.labels(todo.queue).observe((todo.claimed_at - todo.created_at).total_seconds())
+            _child(TIME_IN_QUEUE, todo.queue).observe((todo.claimed_at - todo.created_at).total_seconds())
 
 
 def completed(todos: Iterable[Todo]) -> None:
     for todo in todos:
-        COMPLETED.labels(todo.queue).inc()
+        _child(COMPLETED, todo.queue).inc()
         _ran(todo, "completed")
 
 
 def failed(todo: Todo) -> None:
-    FAILED.labels(todo.queue).inc()
+    _child(FAILED, todo.queue).inc()
     _ran(todo, "failed")
     _maybe_dead(todo)
 
 
 def reaped(todos: Iterable[Todo]) -> None:
     for todo in todos:
-        REAPED.labels(todo.queue).inc()
+        _child(REAPED, todo.queue).inc()
         _maybe_dead(todo)
 
 
 def released(todo: Todo) -> None:
-    RELEASED.labels(todo.queue).inc()
+    _child(RELEASED, todo.queue).inc()
 
 
 def retried(todo: Todo) -> None:
-    RETRIED.labels(todo.queue).inc()
+    _child(RETRIED, todo.queue).inc()
 
 
 def fenced(queue: str, action: str) -> None:
-    FENCED.labels(queue, action).inc()
+    _child(FENCED, queue, action).inc()
 
 
 def request(method: str, route: str, status: int, seconds: float) -> None:
-    HTTP_REQUESTS.labels(method, route, str(status)).observe(seconds)
+    _child(HTTP_REQUESTS, method, route, str(status)).observe(seconds)
 
 
 def _ran(todo: Todo, outcome: str) -> None:
     # The finishing statement sets updated_at (and claimed_at is still the attempt's).
-    RUN_TIME.labels(todo.queue, outcome).observe((todo.updated_at - todo.claimed_at).total_seconds())
+    _child(RUN_TIME, todo.queue, outcome).observe((todo.updated_at - todo.claimed_at).total_seconds())
 
 
 def _maybe_dead(todo: Todo) -> None:
     if todo.state == "failed":
-        DEAD_LETTERED.labels(todo.queue).inc()
+        _child(DEAD_LETTERED, todo.queue).inc()
 
 
 class _QueueGauges:

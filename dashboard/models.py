@@ -190,9 +190,13 @@ def check_json_object(value: Any, field: str) -> str:
     return encoded
 
 
+# Made once: json.dumps with options builds a new encoder on every call.
+_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+
+
 def json_encode(value: Any) -> str:
     """JSON for PostgreSQL: strict (NaN and infinities refused), as jsonb's codec sends it."""
-    return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    return _ENCODER.encode(value)
 
 
 def check_text(value: Any, field: str, *, required: bool = False, limit: int = MAX_TEXT):

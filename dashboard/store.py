@@ -15,7 +15,7 @@ one by a statement of its own. Claims and completions, the hot path, send none.
 from __future__ import annotations
 
 import logging
-import uuid
+import os
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
@@ -63,8 +63,19 @@ class HintSink(Protocol):
     def send(self, queues: Iterable[str]) -> None: ...
 
 
-def new_todo_id() -> str:
-    return f"td_{uuid.uuid4()}"
+def new_ids(prefix: str, n: int) -> list[str]:
+    """n random version-4 UUIDs after `prefix`, from one read of the system's randomness
+    (uuid.uuid4() per id cost a tenth of a batch create's Python time)."""
+    raw = bytearray(os.urandom(16 * n))
+    for at in range(0, 16 * n, 16):
+        raw[at + 6] = raw[at + 6] & 0x0F | 0x40  # version 4
+        raw[at + 8] = raw[at + 8] & 0x3F | 0x80  # RFC 4122 variant
+    h = raw.hex()
+    return [
+        f"{prefix}{h[i : i + 8]}-{h[i + 8 : i + 12]}-{h[i + 12 : i + 16]}-"
+        f"{h[i + 16 : i + 20]}-{h[i + 20 : i + 32]}"
+        for i in range(0, 32 * n, 32)
+    ]
 
 
 class RetryReport(msgspec.Struct):
@@ -112,13 +123,12 @@ class Store:
         ids: list[str] = []
         rows: dict[Any, tuple[str, NewTodo, tuple[str, str | None]]] = {}
         extra_hits: dict[str, int] = {}
-        for i, item in enumerate(items):
+        for i, (item, todo_id) in enumerate(zip(items, new_ids("td_", len(items)), strict=True)):
             try:
                 encoded = check_new_todo(item)
             except InvalidInput as exc:
                 field = f"todos[{i}].{exc.field}" if len(items) > 1 else exc.field
                 raise type(exc)(field, exc.message) from None
-            todo_id = new_todo_id()
             slot = (item.queue, item.idempotency_key) if item.idempotency_key else todo_id
             if slot in rows:
                 first_id = rows[slot][0]
@@ -129,7 +139,11 @@ class Store:
                 extra_hits[todo_id] = 0
                 ids.append(todo_id)
         ordered = sorted(rows.values(), key=lambda r: (r[1].queue, r[1].idempotency_key or ""))
-        events = {tid: (f"ev_{uuid.uuid4()}", it.event, enc[1]) for tid, it, enc in ordered if it.event}
+        with_events = [(tid, it, enc) for tid, it, enc in ordered if it.event]
+        events = {
+            tid: (event_id, it.event, enc[1])
+            for (tid, it, enc), event_id in zip(with_events, new_ids("ev_", len(with_events)), strict=True)
+        }
 
         columns = dict(
             zip(
@@ -269,14 +283,17 @@ class Store:
             raise InvalidInput("todos", "the same todo appears twice")
         leases = [check_lease(lease) for _, lease, _ in items]
         results = [_result(result) for _, _, result in items]
-        async with transaction(self.db) as conn:  # a miss rolls back the others
-            records = await SQL.complete_many.fetch(
-                conn, ids=ids, leases=leases, results=results, owner=owner, scope=_queues(scope)
-            )
-            done = {r["id"] for r in records}
-            for todo_id, lease in zip(ids, leases, strict=True):
-                if todo_id not in done:
-                    raise await self._miss(todo_id, "complete", owner, lease, scope)
+        records = await SQL.complete_many.fetch(
+            self.db,
+            ids=ids,
+            leases=leases,
+            results=results,
+            owner=owner,
+            scope=_queues(scope),
+            all_or_none=True,
+        )
+        if len(records) < len(ids):
+            raise await self._batch_miss(ids, leases, owner, scope)
         by_id = {r["id"]: Todo.from_record(r) for r in records}
         metrics.completed(by_id.values())
         return [by_id[todo_id] for todo_id in ids]
@@ -304,6 +321,7 @@ class Store:
                 results=[ack.result for ack in completing],
                 owner=owner,
                 scope=_queues(scope),
+                all_or_none=False,
             )
             done = [Todo.from_record(r) for r in records]
             metrics.completed(done)
@@ -472,6 +490,21 @@ class Store:
             "assignee": assignee,
         }
         return Conflict(f"cannot {action} todo {todo_id}: {facts}", current=current)
+
+    async def _batch_miss(
+        self, ids: list[str], leases: list[int], owner: str, scope: Scope | None
+    ) -> Exception:
+        """Why an all-or-none batch completed nothing: the first of its todos not held."""
+        for todo_id, lease in zip(ids, leases, strict=True):
+            row = await SQL.classify_miss.fetchrow(self.db, id=todo_id)
+            held = row is not None and (row["state"], row["owner"], row["lease_token"]) == (
+                "claimed",
+                owner,
+                lease,
+            )
+            if not held or (scope is not None and row["queue"] not in scope.queues):
+                return await self._miss(todo_id, "complete", owner, lease, scope)
+        return Conflict("cannot complete the batch: its todos changed meanwhile; try again")
 
     async def _key_taken(self, todo_id: str) -> Conflict:
         row = await SQL.live_todo_with_key.fetchrow(self.db, id=todo_id)

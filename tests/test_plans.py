@@ -170,16 +170,24 @@ async def test_transitions_by_id_plan_on_the_primary_key(big, mode, statement):
 
 
 @MODES
-async def test_complete_many_plans_on_the_primary_key(big, mode):
+@pytest.mark.parametrize("all_or_none", ["true", "false"])  # a worker's batch, POST /acks
+async def test_complete_many_plans_on_the_primary_key(big, mode, all_or_none):
     args = {
         "ids": text_array(["td_c1", "td_c2"]),
         "leases": "'{1,1}'::bigint[]",
         "results": "'{NULL,NULL}'::text[]",
         "owner": "'agent-1'",
+        "all_or_none": all_or_none,
     }
     plan = await explain(big, TRANSITIONS.complete_many, args, mode)
     assert offenders(plan) == []
     assert "todos_pkey" in index_scans(plan)
+
+
+@MODES
+async def test_promote_due_retries_plans_without_a_seq_scan_or_a_sort_of_todos(big, mode):
+    plan = await explain(big, TRANSITIONS.promote_due_retries, {"limit": "500"}, mode)
+    assert offenders(plan) == []
 
 
 @MODES

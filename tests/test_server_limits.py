@@ -255,6 +255,12 @@ def test_the_server_logs_the_proxies_it_trusts(module_db, tmp_path):
         assert "X-Forwarded-Proto trusted from: 10.0.0.1, 192.168.0.0/16" in served.log.read_text()
 
 
+def test_the_server_runs_on_uvloop(impatient):
+    """`serve` makes its own event loop (uvicorn would pick uvloop only if it made it); the
+    line that says the server is up names the loop it found running."""
+    assert "event loop: uvloop)" in impatient.log.read_text()
+
+
 # -- settings ----------------------------------------------------------------------------------
 
 

@@ -158,6 +158,13 @@ COMMANDS = {
         sys.stdin.read()
         time.sleep(120)
     """,
+    "stamp.py": """
+        import json, sys, time
+        sys.stdin.read()
+        start = time.time()
+        time.sleep(0.5)
+        print(json.dumps({"start": start, "end": time.time()}))
+    """,
     "ok.py": """
         import json, sys
         print(json.dumps({"finished_by_second_worker": json.load(sys.stdin)["attempt"]}))
@@ -175,9 +182,9 @@ def script(tmp_path: Path, name: str, body: str | None = None) -> str:
 # -- the reference HTTP worker -------------------------------------------------------------
 
 
-async def command_worker(spawner, live_server, conn, agent: str, queue: str, command: str):
+async def command_worker(spawner, live_server, conn, agent: str, queue: str, command: str, *extra: str):
     _, secret = await Accounts(conn).add_token(agent, [queue])
-    args = ["--queue", queue, "--exec", command, "--url", live_server[0], "--token", secret]
+    args = ["--queue", queue, "--exec", command, "--url", live_server[0], "--token", secret, *extra]
     return spawner.start(
         [sys.executable, "-m", "dashboard.cli", "worker", *args, "--ttl", "3", "--wait", "1"], agent
     )
@@ -207,6 +214,33 @@ async def test_the_command_worker_completes_todos_with_the_commands_stdout_as_th
             ("claimed", "done", "agent", "cmd-echo", 1, "completed"),
         ]
     assert stop(worker) == 0, spawner.log(worker)  # SIGTERM while waiting for work: a clean exit
+
+
+async def test_with_batch_the_command_worker_runs_a_claimed_batch_side_by_side_and_acks_it_together(
+    spawner, live_server, live_conn, tmp_path
+):
+    queue = unique("cmd")
+    store = Store(live_conn)
+    ids = [(await enqueue(store, queue, f"n={n}")).id for n in range(8)]
+    worker = await command_worker(
+        spawner, live_server, live_conn, "cmd-batch", queue, script(tmp_path, "stamp.py"), "--batch", "4"
+    )
+
+    async def all_done():
+        return await live_conn.fetchval(
+            "SELECT count(*) = 8 FROM todos WHERE queue = $1 AND state = 'done'", queue
+        )
+
+    await until(all_done, "eight todos done", proc=worker, spawner=spawner)
+    rows = [await todo_row(live_conn, todo_id) for todo_id in ids]
+    first, second = rows[:4], rows[4:]  # claimed oldest first, four at a time
+    assert max(r.result["start"] for r in first) < min(r.result["end"] for r in first), "not side by side"
+    assert max(r.result["end"] for r in first) <= min(r.result["start"] for r in second)
+    # one acks request per batch: the four of a batch were completed in one transaction
+    for batch in (ids[:4], ids[4:]):
+        writers = "SELECT count(DISTINCT xmin::text) FROM todos WHERE id = ANY($1::text[])"
+        assert await live_conn.fetchval(writers, batch) == 1
+    assert stop(worker) == 0, spawner.log(worker)
 
 
 async def test_a_failing_command_is_retried_then_dead_lettered_with_its_exit_status_and_stderr_tail(

@@ -90,18 +90,24 @@ SELECT * FROM completed;
 
 -- name: complete_many
 -- complete for many todos in one statement: :ids with their :leases and :results
--- (JSON text or null), in the same order. The store runs it in a transaction and rolls
--- back unless every todo completed.
+-- (JSON text or null), in the same order. With :all_or_none, nothing is completed unless
+-- every item is held as it says (the batch worker's call); without it, each item that is
+-- held is completed and the others are left for the store to classify (POST /acks).
 WITH items AS (
     SELECT * FROM unnest(:ids::text[], :leases::bigint[], :results::text[]) AS i(id, lease, result)
+), held AS (
+    SELECT t.id FROM todos t JOIN items i ON t.id = i.id
+    WHERE t.id = ANY (:ids::text[])
+      AND t.state = 'claimed' AND t.owner = :owner AND t.lease_token = i.lease
+      AND (:scope::text[] IS NULL OR t.queue = ANY (:scope::text[]))
+    FOR UPDATE OF t
 ), completed AS (
     UPDATE todos t
     SET state = 'done', result = i.result::jsonb, lease_expires_at = NULL, heartbeat_at = NULL,
         completed_at = clock_timestamp(), updated_at = clock_timestamp()
     FROM items i
-    WHERE t.id = ANY (:ids::text[]) AND t.id = i.id
-      AND t.state = 'claimed' AND t.owner = :owner AND t.lease_token = i.lease
-      AND (:scope::text[] IS NULL OR t.queue = ANY (:scope::text[]))
+    WHERE t.id = ANY (ARRAY (SELECT id FROM held)) AND t.id = i.id
+      AND (NOT :all_or_none OR (SELECT count(*) FROM held) = cardinality(:ids::text[]))
     RETURNING t.*
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)

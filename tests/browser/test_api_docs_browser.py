@@ -42,7 +42,7 @@ def test_the_api_docs_render_offline_under_the_content_security_policy(page, con
     expect(page.locator(".swagger-ui .info .title")).to_contain_text("switchboard agent API")
     claim = page.locator(".opblock-summary", has_text="/api/v1/claims").first
     expect(claim).to_be_visible()
-    expect(claim).to_contain_text("Claim the next todo from a set of queues")
+    expect(claim).to_contain_text("Claim the next todo")
     claim.click()  # an operation opens: its parameters and responses render too
     expect(page.locator(".opblock.is-open .responses-table").first).to_be_visible()
     # the vendored stylesheet applies: a POST block has Swagger UI's green border

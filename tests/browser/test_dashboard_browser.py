@@ -126,6 +126,29 @@ def test_the_new_work_notice_names_the_queue_that_got_work(
     assert csp_violations(console) == [], "\n".join(console)
 
 
+def test_a_todo_written_by_plain_sql_appears_on_the_open_queue_page_at_its_next_poll(
+    logged_in, console, listening, live_db, queue, shot
+):
+    """No hint comes for it (only switchboard's processes send hints): the list's own poll
+    (every 5 s) finds it, and no "new work" notice is shown."""
+    page = logged_in
+    page.goto(f"/queues/{queue}")
+    listening()
+    expect(page.locator("#todos")).to_contain_text("No todos match.")
+
+    live_db.run(
+        lambda conn: conn.execute(
+            "INSERT INTO todos (id, queue, title) VALUES ('td_' || gen_random_uuid(), $1, 'by plain sql')",
+            queue,
+        )
+    )
+
+    expect(page.locator("#todos")).to_contain_text("by plain sql", timeout=7000)
+    expect(page.locator("#notice")).not_to_contain_text(queue)
+    shot()
+    assert csp_violations(console) == [], "\n".join(console)
+
+
 def test_a_dead_letter_retried_from_the_dead_letters_page_moves_to_ready(
     logged_in, console, live_db, queue, shot
 ):
