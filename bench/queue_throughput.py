@@ -1,7 +1,7 @@
 """Queue throughput: the store against a bare asyncpg loop and pgbench over the same SQL,
 and PgQueuer; what hints cost an enqueue and how soon they wake a waiter.
 
-    .venv/bin/python bench/queue_throughput.py            # full run, FULL_TIME on 2 quiet cores
+    .venv/bin/python bench/queue_throughput.py            # full run, ~8 min on 2 cores
     .venv/bin/python bench/queue_throughput.py --quick    # smoke run, under a minute
     DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/...
 
@@ -126,11 +126,23 @@ async def check_parameters(conn: asyncpg.Connection) -> None:
         CLAIM.args(claim_values("check"))
         COMPLETE.args(complete_values("td_check", "check", 1))
         CREATE.args(create_values(["td_check"], [0], [None], PRODUCER))
+        pgbench_scripts()
     except TypeError as exc:
         raise SystemExit(
             f"sql/queries/transitions.sql changed ({exc}); update the baseline statements in "
             f"{Path(__file__).name} to pass what dashboard/store.py passes"
         ) from None
+
+
+def pgbench_scripts() -> list[PgbScript]:
+    """Every pgbench script of the limit (written out, so checked, at start)."""
+    return [
+        pgb_claim_complete(),
+        pgb_complete_and_claim_next(),
+        pgb_batches(BATCH_CLAIM),
+        pgb_creates(1, PGB_CREATES_PER_SCRIPT),
+        pgb_creates(ENQUEUE_BATCH, PGB_BATCHES_PER_SCRIPT),
+    ]
 
 
 async def enqueue_pending(admin: asyncpg.Connection, n: int) -> None:
@@ -269,7 +281,7 @@ def pgb_complete_and_claim_next() -> PgbScript:
 
 
 def pgb_batches(n: int) -> PgbScript:
-    """claim_batch(n), then complete_many of what it claimed in a transaction, as
+    """claim_batch(n), then complete_many (all_or_none) of what it claimed, as
     Store.claim_batch and Store.complete_many. pgbench keeps one row of a result, so the
     claim's last line returns its rows' ids and leases as two arrays instead of the rows
     (its CTEs, the work, are the statement's own)."""
@@ -289,10 +301,16 @@ def pgb_batches(n: int) -> PgbScript:
             "results": ":results",
             "owner": ":client_id",
             "scope": "NULL",
+            "all_or_none": ":all_or_none",
         },
     )
-    text = f"{claim} \\gset c_\nBEGIN;\n{many};\nCOMMIT;\n"
-    variables = {**PGB_CLAIM_VARIABLES, "n": str(n), "results": array_literal([None] * n)}
+    text = f"{claim} \\gset c_\n{many};\n"
+    variables = {
+        **PGB_CLAIM_VARIABLES,
+        "n": str(n),
+        "results": array_literal([None] * n),
+        "all_or_none": "true",  # as Store.complete_many passes it
+    }
     return PgbScript(f"batches_{n}", text, variables, n)
 
 
@@ -936,10 +954,7 @@ async def family_limit(server: Server, args, results: Results, tmp: Path) -> Non
             ]
 
         # (key, label, prepare, run, expected states after): one todo per transaction, then batches.
-        cc_script, cacn_script = pgb_claim_complete(), pgb_complete_and_claim_next()
-        batch_script = pgb_batches(BATCH_CLAIM)
-        create_script = pgb_creates(1, PGB_CREATES_PER_SCRIPT)
-        many_script = pgb_creates(ENQUEUE_BATCH, PGB_BATCHES_PER_SCRIPT)
+        cc_script, cacn_script, batch_script, create_script, many_script = pgbench_scripts()
         t_cc = per_client(args.todos, 1)
         t_batch = per_client(args.batched_todos // 2, BATCH_CLAIM)
         t_create = per_client(args.todos, create_script.todos)
