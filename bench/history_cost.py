@@ -136,8 +136,11 @@ async def variants_of(conn: asyncpg.Connection) -> list[Variant]:
     return found
 
 
-async def measure(server: Server, base: str, variant: Variant, n: int, tmp: Path, script) -> float:
-    """One run of `variant` on a fresh copy of database `base`: todos per second."""
+async def measure(
+    server: Server, base: str, variant: Variant, n: int, tmp: Path, script
+) -> tuple[float, float]:
+    """One run of `variant` on a fresh copy of database `base`: todos per second, and WAL
+    bytes written per todo (the server's, so anything else it runs meanwhile counts too)."""
     name = f"sb_bench_hcopy_{os.getpid()}"
     admin = await asyncpg.connect(server.dsn)
     try:
@@ -155,6 +158,7 @@ async def measure(server: Server, base: str, variant: Variant, n: int, tmp: Path
                     await conn.execute(change)
                 await harness.settle(conn)
             history_before = await conn.fetchval("SELECT count(*) FROM todo_history")
+            wal_before = await conn.fetchval("SELECT pg_current_wal_insert_lsn()")
             text = script.text if variant.history else without_logged(script.text)
             run = await harness.pgbench(
                 dsn,
@@ -166,6 +170,7 @@ async def measure(server: Server, base: str, variant: Variant, n: int, tmp: Path
                 variables=script.variables,
                 server_settings=dbmod.SERVER_SETTINGS,
             )
+            wal = await conn.fetchval("SELECT pg_current_wal_insert_lsn() - $1::pg_lsn", wal_before)
             await harness.expect_states(conn, {"done": total + qt.SEED_DONE}, variant.label)
             added = await conn.fetchval("SELECT count(*) FROM todo_history") - history_before
             if added != (2 * total if variant.history else 0):
@@ -174,7 +179,7 @@ async def measure(server: Server, base: str, variant: Variant, n: int, tmp: Path
             await conn.close()
         await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
         server.databases.remove(name)
-        return total / run.seconds
+        return total / run.seconds, float(wal) / total
     finally:
         await admin.close()
 
@@ -196,6 +201,7 @@ async def run_all(server: Server, args, tmp: Path) -> int:
         script = qt.pgb_claim_complete()
         series = {v.key: Series(v.key, v.label) for v in variants}
         ratios: dict[str, list[float]] = {v.key: [] for v in variants}
+        wal_per_todo: dict[str, list[float]] = {v.key: [] for v in variants}
         others = [v for v in variants if v.key != "full"]
         for rep in range(args.runs):
             log(f"[history] run {rep + 1}/{args.runs}")
@@ -207,9 +213,10 @@ async def run_all(server: Server, args, tmp: Path) -> int:
                     plan.append(variants[0])
             measured: list[tuple[str, float]] = []
             for v in plan:
-                rate = await measure(server, base, v, args.todos, tmp, script)
-                log(f"  {v.label:<72} {rate:>8,.0f} todos/s")
+                rate, wal = await measure(server, base, v, args.todos, tmp, script)
+                log(f"  {v.label:<72} {rate:>8,.0f} todos/s  {wal:>7,.0f} WAL bytes/todo")
                 series[v.key].rates.append(rate)
+                wal_per_todo[v.key].append(wal)
                 measured.append((v.key, rate))
             # Each variant against the full-schema runs next to it (the one before and the
             # one after), so a change of the machine's load during the run hits both sides.
@@ -222,11 +229,20 @@ async def run_all(server: Server, args, tmp: Path) -> int:
     finally:
         await server.drop_all()
 
-    rows: list[tuple[str, ...]] = [("schema / statements", "todos/s", "spread", "ratio to full", "runs")]
+    rows: list[tuple[str, ...]] = [
+        ("schema / statements", "todos/s", "spread", "ratio to full", "ratio range", "WAL/todo", "runs")
+    ]
+    full_wal = statistics.median(wal_per_todo["full"])
     for v in variants:
         s = series[v.key]
-        ratio = "1.00×" if v.key == "full" else f"{statistics.median(ratios[v.key]):.2f}×"
-        rows.append((v.label, *s.rate_cells(), ratio, str(len(s.rates))))
+        if v.key == "full":
+            ratio, span = "1.00×", ""
+        else:
+            ratio = f"{statistics.median(ratios[v.key]):.2f}×"
+            span = f"{min(ratios[v.key]):.2f}–{max(ratios[v.key]):.2f}" if len(ratios[v.key]) > 1 else ""
+        wal = statistics.median(wal_per_todo[v.key])
+        wal_cell = f"{wal:,.0f} B" + ("" if v.key == "full" else f" ({wal / full_wal - 1:+.0%})")
+        rows.append((v.label, *s.rate_cells(), ratio, span, wal_cell, str(len(s.rates))))
     header = [
         f"switchboard history cost — PostgreSQL {settings['version']} ({server.description})",
         harness.settings_line(settings, harness.SHOWN_SETTINGS),
@@ -235,11 +251,13 @@ async def run_all(server: Server, args, tmp: Path) -> int:
         f"claim_batch(n=1) + complete, {args.todos:,} todos per run (each on a fresh copy, filled alike), "
         f"median of {args.runs} run(s); the full schema runs every {FULL_EVERY} variants",
         "spread: ± half the min-max range; ratio: median over the runs of (variant / mean of the "
-        "full-schema runs just before and after it)",
+        "full-schema runs just before and after it), and its range over the runs",
+        "WAL/todo: bytes of WAL the server wrote during the run per todo, median (the whole "
+        "server's: whatever else it runs counts too), and against the full schema's",
         f"{time.perf_counter() - started:.0f} s in all; load average (1/5/15 min) "
         f"{qt.load_text(load_before)} at start, {qt.load_text(os.getloadavg())} at end",
     ]
-    print("\n".join([*header, "", *table(rows, {1, 2, 3, 4})]), flush=True)
+    print("\n".join([*header, "", *table(rows, {1, 2, 3, 4, 5, 6})]), flush=True)
     return 0
 
 
