@@ -1,6 +1,6 @@
 """What each index and constraint of todos and todo_history costs a claim + complete.
 
-    .venv/bin/python bench/history_cost.py            # full run, ~4 min on 2 quiet cores
+    .venv/bin/python bench/history_cost.py            # full run, ~4 min on 2 cores
     .venv/bin/python bench/history_cost.py --quick    # smoke run, well under a minute
     DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/...
 

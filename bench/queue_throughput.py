@@ -1,7 +1,7 @@
 """Queue throughput: the store against a bare asyncpg loop and pgbench over the same SQL,
 and PgQueuer; what hints cost an enqueue and how soon they wake a waiter.
 
-    .venv/bin/python bench/queue_throughput.py            # full run, ~8 min on 2 cores
+    .venv/bin/python bench/queue_throughput.py            # full run, ~7 min on 2 cores
     .venv/bin/python bench/queue_throughput.py --quick    # smoke run, under a minute
     DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/...
 
