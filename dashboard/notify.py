@@ -10,9 +10,10 @@ sent meanwhile are gone.
 
 The hub also sends this process's hints (`send`, called by the Store after a commit that
 made work claimable or dead): coalesced per queue, on the same connection, one statement
-at a time, with synchronous_commit off. A transaction that NOTIFYs takes a database-wide
-lock at commit until its WAL is flushed; sent from here, only the hub's own short commits
-take it, never a producer's or an agent's (DESIGN.md, "Notifications").
+at a time and at most one per HINT_SPACING, with synchronous_commit off. A transaction
+that NOTIFYs takes a database-wide lock at commit until its WAL is flushed; sent from
+here, only the hub's own short commits take it, never a producer's or an agent's
+(DESIGN.md, "Notifications").
 
 The same channel carries revocations ({"revoked": token id}, sql/queries/accounts.sql):
 a subscription made for a token is woken and marked `revoked`, so the token's waiting
@@ -35,6 +36,10 @@ log = logging.getLogger("switchboard.notify")
 CHANNEL = "switchboard"
 APPLICATION_NAME = "switchboard listener"  # how the LISTEN connection shows in pg_stat_activity
 HEALTH_CHECK_EVERY = 5.0
+# At most one hint statement per this many seconds: a hint waits at most this long, and
+# under load the hints of many commits share one statement (one statement per commit cost
+# 4 producers about a tenth of their enqueues: bench/queue_throughput.py's hints rows).
+HINT_SPACING = 0.005
 MAX_BACKOFF = 5.0
 
 
@@ -134,6 +139,11 @@ class Hub:
         self._subscribers.add(sub)
         return sub
 
+    @property
+    def stopping(self) -> bool:
+        """The process is stopping (end_all was called)."""
+        return self._ending
+
     def end_all(self) -> None:
         """The process is stopping: every subscription, now and later, is ended."""
         self._ending = True
@@ -221,3 +231,4 @@ class Hub:
             except BaseException:
                 self._due.update(queues)  # sent once the connection is back
                 raise
+            await asyncio.sleep(HINT_SPACING)

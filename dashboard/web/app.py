@@ -199,7 +199,8 @@ def create_app(dsn: str, config: WebConfig, *, reaper: bool = True, pool_size: i
                 }
             ),
         ),
-        exception_handlers=EXCEPTION_HANDLERS,
+        exception_handlers=EXCEPTION_HANDLERS,  # they log what they handle (web/errors.py)
+        logging_config=None,  # the process's own (dashboard/logs.py for `serve`), not Litestar's queue
         request_max_body_size=MAX_BODY,
         lifespan=[lifespan],
     )

@@ -138,6 +138,8 @@ async def claim_waiting(
     ends with none (204). A token revoked meanwhile claims nothing either: 401, checked
     before every try after the first (the request itself was authorised just before it)."""
     wait = check_wait(wait)
+    if wait == 0:  # the busy agent's claim: no subscription to make and drop
+        return [] if hub.stopping else await store.claim_batch(queues, owner, ttl, n, scope=scope)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     still_allowed = token_check(accounts)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 import uvicorn
 import uvloop
 
+from dashboard import logs
 from dashboard.accounts import Accounts
 from dashboard.db import open_database
 from dashboard.errors import InvalidInput
@@ -163,6 +164,7 @@ class Server(uvicorn.Server):
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
         if self.started:
+            logs.flush()  # what start-up logged comes before the line that says it is up
             print(self.ready_message, flush=True)
 
     def handle_exit(self, sig: int, frame) -> None:
@@ -222,6 +224,7 @@ async def _first_operator(db) -> None:
 
 def serve(host: str, port: int, *, newcomer: bool) -> int:
     logging.getLogger("switchboard").setLevel(logging.INFO)
+    logs.write_in_background()  # a line per request, written off the event loop
     limits = fit_file_limit(Limits.from_environ())  # a bad setting stops here, before the database
     # uvloop: a third less event-loop time per API request than asyncio's own loop. uvicorn
     # would pick it itself, but only when it makes the loop; here serve() runs inside ours.
