@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -20,6 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -162,6 +164,89 @@ async def expect_states(conn: asyncpg.Connection, expected: dict[str, int], what
     found = await count_states(conn)
     if found != expected:
         raise RuntimeError(f"{what}: expected {expected}, the table holds {found}")
+
+
+# -- pgbench -----------------------------------------------------------------------------
+
+# PGBENCH overrides; any pgbench 10 or newer can drive a newer server (the embedded one).
+PGBENCH = os.environ.get("PGBENCH") or shutil.which("pgbench") or "/usr/bin/pgbench"
+
+
+@dataclass
+class PgbenchRun:
+    """One pgbench run: its transactions (script executions) and pgbench's own rate, which
+    leaves out connecting."""
+
+    transactions: int
+    tps: float
+    output: str
+
+    @property
+    def seconds(self) -> float:
+        return self.transactions / self.tps
+
+
+def pgbench_version() -> str:
+    try:
+        out = subprocess.run([PGBENCH, "--version"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise SystemExit(f"pgbench is needed ({PGBENCH}: {exc}); set PGBENCH to its path") from None
+    return out.split(")", 1)[-1].strip() or out.strip()
+
+
+async def pgbench(
+    dsn: str,
+    script: str,
+    *,
+    clients: int,
+    transactions: int,
+    tmp: Path,
+    name: str,
+    variables: dict[str, str] | None = None,
+    server_settings: dict[str, str] | None = None,
+    threads: int = 2,
+) -> PgbenchRun:
+    """`pgbench -n -M prepared` running `script` (written to tmp/name.sql) on `clients`
+    connections, `transactions` script executions each (-t), with `-D` variables and the
+    session settings `server_settings` (as PGOPTIONS). Raises unless every client ran
+    every transaction without an error. Cancelled (Ctrl-C, SIGTERM), it stops pgbench by
+    its pid first."""
+    path = tmp / f"{name}.sql"
+    path.write_text(script)
+    argv = [PGBENCH, "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(threads, clients))]
+    argv += ["-t", str(transactions), "-f", str(path)]
+    for key, value in (variables or {}).items():
+        argv += ["-D", f"{key}={value}"]
+    env = dict(os.environ)
+    if server_settings:
+        env["PGOPTIONS"] = " ".join(f"-c {k}={v}" for k, v in server_settings.items())
+    proc = await asyncio.create_subprocess_exec(
+        *argv, dsn, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    try:
+        out, err = await proc.communicate()
+    except asyncio.CancelledError:
+        if proc.returncode is None:
+            proc.terminate()
+            await proc.wait()
+        raise
+    text = out.decode() + err.decode()
+    processed = re.search(r"number of transactions actually processed: (\d+)", text)
+    tps = re.search(r"^tps = ([0-9.]+)", text, re.MULTILINE)
+    failed = re.search(r"number of failed transactions: (\d+)", text)
+    expected = clients * transactions
+    if (
+        proc.returncode != 0
+        or not processed
+        or not tps
+        or int(processed[1]) != expected
+        or (failed and int(failed[1]))
+    ):
+        tail = "\n".join(text.strip().splitlines()[-12:])
+        raise RuntimeError(
+            f"pgbench {name} (exit {proc.returncode}) did not run {expected} transactions:\n{tail}"
+        )
+    return PgbenchRun(expected, float(tps[1]), text)
 
 
 # -- the app in a subprocess ---------------------------------------------------------------
