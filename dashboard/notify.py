@@ -109,7 +109,7 @@ class Hub:
         self._task: asyncio.Task | None = None
         self.connected = asyncio.Event()
         self._ending = False
-        self._due: set[str] = set()  # queues to hint, sent by _supervise
+        self._due: set[str] = set()  # queues to hint, sent by _serve
         self._work = asyncio.Event()  # something to send, or the connection was lost
         self._token_listeners: list[Callable[[str | None], None]] = []
 
