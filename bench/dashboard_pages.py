@@ -278,7 +278,7 @@ async def fill(dsn: str, n: int) -> dict:
     """Fill the database; returns facts for the header (and the ids to look at)."""
     conn = await asyncpg.connect(dsn)
     try:
-        # No NOTIFY for the fill (superuser only; otherwise the triggers just run).
+        # No foreign-key checks for the fill (superuser only; otherwise they just run).
         with contextlib.suppress(asyncpg.InsufficientPrivilegeError):
             await conn.execute("SET session_replication_role = replica")
         first = 1
