@@ -756,6 +756,21 @@ async def run_pgqueuer(dsn: str, admin: asyncpg.Connection, n: int, workers: int
     return elapsed, ran
 
 
+def enqueue_items(n: int) -> list[NewTodo]:
+    """The todos every enqueue measurement creates: key-00000000 … with a small payload."""
+    return [
+        NewTodo(
+            queue=QUEUE,
+            title=f"todo {i}",
+            kind="bench",
+            source="bench",
+            payload={"n": i},
+            idempotency_key=f"key-{i:08d}",
+        )
+        for i in range(n)
+    ]
+
+
 async def family_enqueue(server: Server, args, results: Results, _tmp: Path) -> None:
     """Enqueue one at a time and in batches of 100 (4 producers); what hints through a Hub
     cost the batches."""
@@ -763,17 +778,7 @@ async def family_enqueue(server: Server, args, results: Results, _tmp: Path) -> 
     admin = await asyncpg.connect(dsn)
     total = max(args.todos, args.batched_todos)
     raw = [(i, f"key-{i:08d}") for i in range(total)]
-    items = [
-        NewTodo(
-            queue=QUEUE,
-            title=f"todo {i}",
-            kind="bench",
-            source="bench",
-            payload={"n": i},
-            idempotency_key=key,
-        )
-        for i, key in raw
-    ]
+    items = enqueue_items(total)
     one_raw, one_items = raw[: args.todos], items[: args.todos]
     many_raw, many_items = raw[: args.batched_todos], items[: args.batched_todos]
 
@@ -940,19 +945,6 @@ async def family_limit(server: Server, args, results: Results, tmp: Path) -> Non
             """A producer (no owner) as a worker."""
             return lambda store, _owner, part: worker(store, part)
 
-        def items(n: int) -> list[NewTodo]:
-            return [
-                NewTodo(
-                    queue=QUEUE,
-                    title=f"todo {i}",
-                    kind="bench",
-                    source="bench",
-                    payload={"n": i},
-                    idempotency_key=f"key-{i:08d}",
-                )
-                for i in range(n)
-            ]
-
         # (key, label, prepare, run, expected states after): one todo per transaction, then batches.
         cc_script, cacn_script, batch_script, create_script, many_script = pgbench_scripts()
         t_cc = per_client(args.todos, 1)
@@ -961,7 +953,7 @@ async def family_limit(server: Server, args, results: Results, tmp: Path) -> Non
         t_many = per_client(args.batched_todos // 2, many_script.todos)
         n_cc, n_batch = clients * t_cc, clients * t_batch * BATCH_CLAIM
         n_create, n_many = clients * t_create * create_script.todos, clients * t_many * many_script.todos
-        create_items, many_items = items(n_create), items(n_many)
+        create_items, many_items = enqueue_items(n_create), enqueue_items(n_many)
         many_batches = [many_items[i : i + ENQUEUE_BATCH] for i in range(0, n_many, ENQUEUE_BATCH)]
         slack = clients * BATCH_CLAIM  # left pending after the batched runs, so no claim comes up short
 
@@ -1138,17 +1130,7 @@ async def family_hints(server: Server, args, results: Results, _tmp: Path) -> No
     admin = await asyncpg.connect(dsn)
     hub = Hub(dsn)
     n = args.todos
-    items = [
-        NewTodo(
-            queue=QUEUE,
-            title=f"todo {i}",
-            kind="bench",
-            source="bench",
-            payload={"n": i},
-            idempotency_key=f"key-{i:08d}",
-        )
-        for i in range(n)
-    ]
+    items = enqueue_items(n)
 
     def produce(producers: int, hints: HintSink | None):
         async def run() -> tuple[float, int]:
