@@ -122,7 +122,7 @@ async def variants_of(conn: asyncpg.Connection) -> list[Variant]:
                 [f'ALTER TABLE todo_history DROP CONSTRAINT "{r["conname"]}"'],
             )
         )
-    claim_index = "todos_pending_by_age"
+    claim_index = "todos_ready"
     others = [
         r["index_name"] for r in indexes if r["table_name"] == "todos" and r["index_name"] != claim_index
     ]

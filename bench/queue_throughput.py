@@ -248,7 +248,9 @@ def array_literal(items: list) -> str:
 
 
 def pgb_claim_values() -> dict[str, str]:
-    return {"queues": ":queues", "owner": ":client_id", "ttl": ":ttl", "n": ":n"}
+    r"""claim_batch's values. Each claim starts where the client's last one ended (the
+    ready_at its `\gset c_` left), as the store's ClaimCursors does between full scans."""
+    return {"queues": ":queues", "owner": ":client_id", "ttl": ":ttl", "n": ":n", "after": ":c_ready_at"}
 
 
 def pgb_held(todo: str = "c_") -> dict[str, str]:
@@ -256,7 +258,7 @@ def pgb_held(todo: str = "c_") -> dict[str, str]:
     return {"id": f":{todo}id", "owner": ":client_id", "lease": f":{todo}lease_token", "scope": "NULL"}
 
 
-PGB_CLAIM_VARIABLES = {"queues": array_literal([QUEUE]), "ttl": str(TTL)}
+PGB_CLAIM_VARIABLES = {"queues": array_literal([QUEUE]), "ttl": str(TTL), "c_ready_at": "-infinity"}
 
 
 def pgb_claim_complete() -> PgbScript:
@@ -274,7 +276,8 @@ def pgb_complete_and_claim_next() -> PgbScript:
     `\aset` keeps the last row, the 'claimed' one (the run is checked for it)."""
     claim = pgbench_text(CLAIM, pgb_claim_values())
     cacn = pgbench_text(
-        SQL.complete_and_claim_next, {**pgb_held(), "queues": ":queues", "ttl": ":ttl", "result": "NULL"}
+        SQL.complete_and_claim_next,
+        {**pgb_held(), "queues": ":queues", "ttl": ":ttl", "result": "NULL", "after": ":c_ready_at"},
     )
     text = f"\\if :started = 0\n{claim} \\gset c_\n\\set started 1\n\\endif\n{cacn} \\aset c_\n"
     return PgbScript("complete_and_claim_next", text, {**PGB_CLAIM_VARIABLES, "n": "1", "started": "0"}, 1)
@@ -286,12 +289,13 @@ def pgb_batches(n: int) -> PgbScript:
     claim's last line returns its rows' ids and leases as two arrays instead of the rows
     (its CTEs, the work, are the statement's own)."""
     claim = pgbench_text(CLAIM, pgb_claim_values())
-    rows = "SELECT * FROM claimed ORDER BY created_at"
+    rows = "SELECT * FROM claimed ORDER BY ready_at"
     if not claim.endswith(rows):
         raise SystemExit(f"claim_batch no longer ends with {rows!r}; adapt pgb_batches")
     claim = claim.removesuffix(rows) + (
-        "SELECT array_agg(id ORDER BY created_at)::text AS ids,"
-        " array_agg(lease_token ORDER BY created_at)::text AS leases FROM claimed"
+        "SELECT array_agg(id ORDER BY ready_at)::text AS ids,"
+        " array_agg(lease_token ORDER BY ready_at)::text AS leases,"
+        " coalesce(max(ready_at), :c_ready_at) AS ready_at FROM claimed"
     )
     many = pgbench_text(
         SQL.complete_many,

@@ -47,6 +47,9 @@ class Todo(msgspec.Struct, kw_only=True):
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     result: dict[str, Any] | None = None
     next_retry_at: datetime | None = None
+    # When it became (or, retrying, becomes) claimable: the claim order (DESIGN.md "Claim
+    # order"); None on todos finished before migration 0007.
+    ready_at: datetime | None = None
     last_error: str | None = None
     dedupe_hits: int = 0
     created_at: datetime

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from datetime import datetime
 from typing import Any, Protocol
 
 import asyncpg
 import msgspec
 
 from dashboard import metrics
+from dashboard.claim_cursor import ClaimCursors
 from dashboard.db import transaction
 from dashboard.errors import (
     Conflict,
@@ -95,6 +98,7 @@ class Store:
     def __init__(self, db: asyncpg.Pool | asyncpg.Connection, hints: HintSink | None = None):
         self.db = db
         self.hints = hints
+        self.cursors = ClaimCursors()
 
     # -- producers -------------------------------------------------------------------
 
@@ -210,19 +214,24 @@ class Store:
     async def claim_next(
         self, queues: Sequence[str], owner: str, ttl: float, *, scope: Scope | None = None
     ) -> Todo | None:
-        """Claim the oldest claimable todo in `queues`, or None."""
+        """Claim the longest-ready claimable todo in `queues`, or None."""
         claimed = await self.claim_batch(queues, owner, ttl, 1, scope=scope)
         return claimed[0] if claimed else None
 
     async def claim_batch(
         self, queues: Sequence[str], owner: str, ttl: float, n: int, *, scope: Scope | None = None
     ) -> list[Todo]:
-        """Claim up to n todos in one statement, oldest first."""
+        """Claim up to n todos in one statement, in claim order (longest ready first)."""
         queues = _claimable_from(queues, scope)
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_BATCH:
             raise InvalidInput("n", f"batches hold 0 to {MAX_BATCH} todos")
-        records = await SQL.claim_batch.fetch(
-            self.db, queues=queues, owner=_owner(owner), ttl=check_ttl(ttl), n=n
+        owner, ttl = _owner(owner), check_ttl(ttl)
+        records = await self._claiming(
+            owner,
+            queues,
+            lambda after: SQL.claim_batch.fetch(
+                self.db, queues=queues, owner=owner, ttl=ttl, n=n, after=after
+            ),
         )
         todos = [Todo.from_record(r) for r in records]
         metrics.claimed(todos)
@@ -350,12 +359,13 @@ class Store:
     ) -> tuple[Todo, Todo | None]:
         """Complete one todo and claim the next, in one round trip and one commit."""
         queues = _claimable_from(queues, scope)
-        records = await SQL.complete_and_claim_next.fetch(
-            self.db,
-            **_held(todo_id, owner, lease, scope),
-            result=_result(result),
-            queues=queues,
-            ttl=check_ttl(ttl),
+        held, result, ttl = _held(todo_id, owner, lease, scope), _result(result), check_ttl(ttl)
+        records = await self._claiming(
+            held["owner"],
+            queues,
+            lambda after: SQL.complete_and_claim_next.fetch(
+                self.db, **held, result=result, queues=queues, ttl=ttl, after=after
+            ),
         )
         done = [Todo.from_record(r) for r in records if r["part"] == "completed"]
         if not done:
@@ -440,6 +450,19 @@ class Store:
         return todo
 
     # -- internals -------------------------------------------------------------------
+
+    async def _claiming(
+        self, owner: str, queues: list[str], claim: Callable[[datetime | None], Awaitable[list]]
+    ) -> list:
+        """`claim(after)` from this claimer's position, which then moves to the last todo
+        it claimed (dashboard/claim_cursor.py); its rows."""
+        key = ClaimCursors.key(owner, queues)
+        after = self.cursors.start(key)
+        began = time.monotonic()
+        records = await claim(after)
+        claimed = [r["ready_at"] for r in records if r.get("part", "claimed") == "claimed"]
+        self.cursors.ended(key, after, claimed, time.monotonic() - began)
+        return records
 
     async def _hint(self, queues: Iterable[str]) -> None:
         """Hint `queues` after the commit. Without a hub, by one statement, whose failure

@@ -170,8 +170,9 @@ async def module_pool(module_dsn):
     await pool.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def module_store(module_pool) -> Store:
+    """A Store per test on the module's pool: its claim positions start afresh."""
     return Store(module_pool)
 
 

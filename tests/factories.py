@@ -76,7 +76,11 @@ async def retrying(store: Store, db, queue: str = "q", title: str = "t") -> Todo
     """A pending todo whose next retry is an hour away (failed once, its retry time set by SQL)."""
     todo = await claimed(store, queue, title, max_attempts=3)
     await store.fail(todo.id, todo.owner, todo.lease_token, "try later")
-    await db.execute("UPDATE todos SET next_retry_at = now() + interval '1 hour' WHERE id = $1", todo.id)
+    await db.execute(
+        "UPDATE todos SET next_retry_at = now() + interval '1 hour', ready_at = now() + interval '1 hour'"
+        " WHERE id = $1",
+        todo.id,
+    )
     return await todo_row(db, todo.id)
 
 
@@ -89,14 +93,18 @@ async def expire_lease(db, todo_id: str) -> None:
 
 
 async def make_retry_due(db, todo_id: str) -> None:
-    """The todo's retry time passed a second ago."""
-    await db.execute("UPDATE todos SET next_retry_at = now() - interval '1 second' WHERE id = $1", todo_id)
+    """The todo's retry time is now (not earlier: a todo becomes ready at its ready_at,
+    which claims expect to be no older than their last claim, DESIGN "Claim order")."""
+    await db.execute("UPDATE todos SET next_retry_at = now(), ready_at = now() WHERE id = $1", todo_id)
 
 
 async def set_age(db, todo_id: str, seconds: float) -> None:
-    """The todo was created `seconds` ago (claims take the oldest first)."""
+    """The todo was created, and became ready, `seconds` ago (claims take the longest ready
+    first). Behind where a Store's claims stand, it waits for their next full scan: set it
+    before claiming with a fresh Store (module_store is one per test)."""
     await db.execute(
-        "UPDATE todos SET created_at = now() - make_interval(secs => $2) WHERE id = $1",
+        "UPDATE todos SET created_at = now() - make_interval(secs => $2),"
+        " ready_at = now() - make_interval(secs => $2) WHERE id = $1",
         todo_id,
         float(seconds),
     )

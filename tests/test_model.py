@@ -9,8 +9,10 @@ model; after every step the whole todos table and its history must match too.
 
 Time is moved by SQL, never waited for: leases are long (TTL) and lapse only when a rule
 sets lease_expires_at into the past; a retry time is checked to be backoff(attempt) ahead
-and then pushed an hour further, so it comes due only when a rule makes it due. Todos get
-strictly increasing created_at values so the claim order is deterministic.
+and then pushed an hour further, so it comes due only when a rule makes it due. Claims
+take the longest-ready todo first (DESIGN "Claim order"): the model numbers each moment a
+todo becomes claimable (created, released, force-released, retried, its retry made due),
+as ready_at orders them in the table.
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ class M:
     lease: str | None = None  # None, "live" or "lapsed" (expired, not yet reaped)
     retry: str | None = None  # next_retry_at: None, "future" or "due"
     dedupe_hits: int = 0
+    ready: int = 0  # when it last became claimable, as a sequence number (ready_at's order)
     history: int = 1  # rows in todo_history
     last: tuple = (None, PRODUCER)  # the newest history row's from_state and Actor
 
@@ -113,6 +116,11 @@ class M:
 class Model:
     todos: dict[str, M] = field(default_factory=dict)
     created: int = 0
+    readied: int = 0
+
+    def became_ready(self, t: M) -> None:
+        t.ready = self.readied
+        self.readied += 1
 
     def get(self, todo_id: str) -> M | None:
         return self.todos.get(todo_id)
@@ -130,9 +138,9 @@ class Model:
         return t.state == "pending" and t.retry != "future" and t.assignee in (None, owner)
 
     def pick(self, queues, owner: str, n: int) -> list[M]:
-        """claim_next / claim_batch: the n oldest claimable todos in `queues`."""
+        """claim_next / claim_batch: the n longest-ready claimable todos in `queues`."""
         ready = [t for t in self.todos.values() if t.queue in queues and self.claimable(t, owner)]
-        return sorted(ready, key=lambda t: t.n)[:n]
+        return sorted(ready, key=lambda t: t.ready)[:n]
 
     @staticmethod
     def claim(t: M, owner: str) -> None:
@@ -311,7 +319,8 @@ class QueueMachine(RuleBasedStateMachine):
         )
         self.run(
             self.conn.execute(
-                "UPDATE todos SET next_retry_at = next_retry_at + interval '1 hour' WHERE id = $1",
+                "UPDATE todos SET next_retry_at = next_retry_at + interval '1 hour',"
+                " ready_at = next_retry_at + interval '1 hour' WHERE id = $1",
                 got.id,
             )
         )
@@ -352,6 +361,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.model.created += 1
         t = M(id=got.todo.id, n=n, queue=queue, key=key, assignee=assignee, max_attempts=max_attempts)
         self.model.todos[t.id] = t
+        self.model.became_ready(t)
         self.check("create", got.todo, t)
         self.run(
             self.conn.execute(
@@ -424,6 +434,7 @@ class QueueMachine(RuleBasedStateMachine):
         )
         if outcome == OK:
             t.state, t.owner, t.lease = "pending", None, None  # the attempt stays counted
+            self.model.became_ready(t)
             Model.transition(t, Actor("agent", owner), "claimed")
             self.check("release", got, t)
 
@@ -513,6 +524,7 @@ class QueueMachine(RuleBasedStateMachine):
         note(f"make retry of {todo_id} due")
         self.run(factories.make_retry_due(self.conn, todo_id))
         self.model.todos[todo_id].retry = "due"
+        self.model.became_ready(self.model.todos[todo_id])
 
     @precondition(lambda self: any(t.retry for t in self.model.todos.values()))
     @rule()
@@ -548,6 +560,7 @@ class QueueMachine(RuleBasedStateMachine):
             assert holder.id in str(got), f"the Conflict must name the live todo: {got}"
         if outcome == OK:
             t.state, t.owner, t.retry = "pending", None, None
+            self.model.became_ready(t)
             if one_more:
                 # DESIGN.md says "one more attempt (max_attempts raised by one)"; the store
                 # sets max_attempts = attempt + 1. The two agree when the todo died at the
@@ -579,6 +592,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.expect("force_release", outcome, got, expected, t)
         if outcome == OK:
             t.state, t.owner, t.lease = "pending", None, None
+            self.model.became_ready(t)
             Model.transition(t, OPERATOR, "claimed")
             self.check("force_release", got, t)
 

@@ -14,7 +14,7 @@ WITH pending AS (
 ), claimed AS (
     SELECT queue, count(*) AS claimed,
            count(*) FILTER (WHERE lease_expires_at < now()) AS lapsed
-    FROM todos WHERE state = 'claimed' GROUP BY queue
+    FROM todos WHERE lease_expires_at IS NOT NULL GROUP BY queue  -- claimed: todos_leases
 ), dead AS (
     SELECT queue, count(*) AS dead FROM todos WHERE state = 'failed' GROUP BY queue
 ), done AS (
@@ -51,12 +51,12 @@ SELECT id, queue, title, kind, owner, attempt, max_attempts, lease_token, claime
        extract(epoch FROM lease_expires_at - now()) AS seconds_left,
        extract(epoch FROM now() - heartbeat_at) AS heartbeat_age, now() AS server_now
 FROM todos
-WHERE state = 'claimed' AND (:queue::text IS NULL OR queue = :queue)
+WHERE lease_expires_at IS NOT NULL AND (:queue::text IS NULL OR queue = :queue)  -- claimed
 ORDER BY lease_expires_at, id
 LIMIT :limit;
 
 -- name: lease_count
-SELECT count(*) FROM todos WHERE state = 'claimed';
+SELECT count(*) FROM todos WHERE lease_expires_at IS NOT NULL;  -- claimed: todos_leases
 
 -- name: todo
 -- read_at: the database's clock, which decides whether a pending todo is retrying.

@@ -45,15 +45,20 @@ SELECT id, source, kind, payload::jsonb
 FROM unnest(:ids::text[], :sources::text[], :kinds::text[], :payloads::text[]) AS e(id, source, kind, payload);
 
 -- name: claim_batch
--- Claim up to :n of the oldest claimable todos in :queues for :owner, with a lease of
--- :ttl seconds (claim_next is a batch of one). Rows come back oldest first.
+-- Claim up to :n of the longest-ready claimable todos in :queues for :owner, with a lease
+-- of :ttl seconds (claim_next is a batch of one). Rows come back in claim order.
+-- The scan starts at ready_at :after, where this claimer's last claim ended (the store's
+-- ClaimCursors; null scans from the oldest), so it does not step over the entries
+-- of everything claimed before it (migration 0007). A todo is claimable once its
+-- ready_at has come; statement_timestamp(), not now(), so that a todo created earlier in
+-- the caller's own transaction counts.
 -- The `id = ANY (ARRAY (…))` form keeps the row lookups on the primary key in generic plans.
 WITH picked AS (
     SELECT id FROM todos
     WHERE state = 'pending' AND queue = ANY (:queues::text[])
-      AND (next_retry_at IS NULL OR next_retry_at <= now())
+      AND ready_at >= coalesce(:after::timestamptz, '-infinity') AND ready_at <= statement_timestamp()
       AND (assignee IS NULL OR assignee = :owner)
-    ORDER BY created_at
+    ORDER BY ready_at
     LIMIT :n
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
@@ -69,7 +74,7 @@ WITH picked AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
     SELECT id, 'pending', 'claimed', 'agent', :owner, attempt, 'claimed' FROM claimed
 )
-SELECT * FROM claimed ORDER BY created_at;
+SELECT * FROM claimed ORDER BY ready_at;
 
 -- name: complete
 -- :owner completes todo :id (lease :lease) with :result (JSON text, or null).
@@ -117,8 +122,8 @@ SELECT * FROM completed;
 
 -- name: complete_and_claim_next
 -- The busy worker's statement: complete todo :id as `complete` does, then — only if it
--- completed — claim the oldest claimable todo in :queues as `claim_batch` does, in one
--- round trip and one commit. Rows come back tagged 'completed', then 'claimed'.
+-- completed — claim the next claimable todo in :queues from :after as `claim_batch`
+-- does, in one round trip and one commit. Rows come back tagged 'completed', then 'claimed'.
 WITH completed AS (
     UPDATE todos
     SET state = 'done', result = :result::text::jsonb, lease_expires_at = NULL, heartbeat_at = NULL,
@@ -129,10 +134,10 @@ WITH completed AS (
 ), picked AS (
     SELECT id FROM todos
     WHERE state = 'pending' AND queue = ANY (:queues::text[])
-      AND (next_retry_at IS NULL OR next_retry_at <= now())
+      AND ready_at >= coalesce(:after::timestamptz, '-infinity') AND ready_at <= statement_timestamp()
       AND (assignee IS NULL OR assignee = :owner)
       AND EXISTS (SELECT FROM completed)
-    ORDER BY created_at
+    ORDER BY ready_at
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
@@ -157,7 +162,9 @@ SELECT 'claimed' AS part, * FROM claimed;
 
 -- name: claim
 -- Claim todo :id for :owner with a lease of :ttl seconds, if it is due and not assigned
--- to someone else.
+-- to someone else. The guard compares state::text so that no plan can take the pending
+-- indexes instead of the primary key: when few todos are pending, a generic plan found
+-- them as cheap, and then walked every dead entry in them while vacuum was held back.
 WITH claimed AS (
     UPDATE todos
     SET state = 'claimed', owner = :owner, attempt = attempt + 1,
@@ -165,8 +172,7 @@ WITH claimed AS (
         lease_expires_at = clock_timestamp() + make_interval(secs => :ttl),
         claimed_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
         updated_at = clock_timestamp()
-    WHERE id = :id AND state = 'pending'
-      AND (next_retry_at IS NULL OR next_retry_at <= now())
+    WHERE id = :id AND state::text = 'pending' AND ready_at <= statement_timestamp()
       AND (assignee IS NULL OR assignee = :owner)
       AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
     RETURNING *
@@ -197,7 +203,7 @@ SELECT * FROM beat;
 WITH released AS (
     UPDATE todos
     SET state = 'pending', owner = NULL, lease_expires_at = NULL, heartbeat_at = NULL,
-        updated_at = clock_timestamp()
+        ready_at = clock_timestamp(), updated_at = clock_timestamp()
     WHERE id = :id AND state = 'claimed' AND owner = :owner AND lease_token = :lease
       AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
     RETURNING *
@@ -209,19 +215,26 @@ SELECT * FROM released;
 
 -- name: fail
 -- Todo :id (owner :owner, lease :lease) failed with :error: back to pending with a retry
--- time below max_attempts, dead-lettered (failed) at the cap.
-WITH failed AS (
-    UPDATE todos
-    SET state = CASE WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END::todo_state,
-        next_retry_at = CASE WHEN attempt < max_attempts
-                             THEN clock_timestamp() + todo_backoff(attempt) END,
-        completed_at = CASE WHEN attempt >= max_attempts THEN clock_timestamp() END,
-        owner = CASE WHEN attempt >= max_attempts THEN owner END,
-        lease_expires_at = NULL, heartbeat_at = NULL, last_error = :error,
-        updated_at = clock_timestamp()
+-- time below max_attempts, dead-lettered (failed) at the cap. The retry time (random:
+-- todo_backoff) is drawn once, in `held`, for both next_retry_at and ready_at.
+WITH held AS (
+    SELECT id, CASE WHEN attempt < max_attempts THEN clock_timestamp() + todo_backoff(attempt) END
+               AS retry_at
+    FROM todos
     WHERE id = :id AND state = 'claimed' AND owner = :owner AND lease_token = :lease
       AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
-    RETURNING *
+    FOR UPDATE
+), failed AS (
+    UPDATE todos t
+    SET state = CASE WHEN h.retry_at IS NULL THEN 'failed' ELSE 'pending' END::todo_state,
+        next_retry_at = h.retry_at, ready_at = coalesce(h.retry_at, t.ready_at),
+        completed_at = CASE WHEN h.retry_at IS NULL THEN clock_timestamp() END,
+        owner = CASE WHEN h.retry_at IS NULL THEN t.owner END,
+        lease_expires_at = NULL, heartbeat_at = NULL, last_error = :error,
+        updated_at = clock_timestamp()
+    FROM held h
+    WHERE t.id = h.id AND t.id = :id
+    RETURNING t.*
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
     SELECT id, 'claimed', state, 'agent', :owner, attempt, :error FROM failed
@@ -231,23 +244,26 @@ SELECT * FROM failed;
 -- name: reap
 -- Up to :limit claimed todos whose lease lapsed: treated as a failure of their owner.
 -- Safe with many reapers at once: each locks different rows, and the guard is re-checked.
+-- Each retry time is drawn once, in `expired`, for both next_retry_at and ready_at.
 WITH expired AS (
-    SELECT id FROM todos
+    SELECT id, CASE WHEN attempt < max_attempts THEN clock_timestamp() + todo_backoff(attempt) END
+               AS retry_at
+    FROM todos
     WHERE state = 'claimed' AND lease_expires_at < now()
     ORDER BY lease_expires_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 ), reaped AS (
     UPDATE todos t
-    SET state = CASE WHEN attempt >= max_attempts THEN 'failed' ELSE 'pending' END::todo_state,
-        next_retry_at = CASE WHEN attempt < max_attempts
-                             THEN clock_timestamp() + todo_backoff(attempt) END,
-        completed_at = CASE WHEN attempt >= max_attempts THEN clock_timestamp() END,
-        owner = CASE WHEN attempt >= max_attempts THEN t.owner END,
+    SET state = CASE WHEN e.retry_at IS NULL THEN 'failed' ELSE 'pending' END::todo_state,
+        next_retry_at = e.retry_at, ready_at = coalesce(e.retry_at, t.ready_at),
+        completed_at = CASE WHEN e.retry_at IS NULL THEN clock_timestamp() END,
+        owner = CASE WHEN e.retry_at IS NULL THEN t.owner END,
         lease_expires_at = NULL, heartbeat_at = NULL,
         last_error = 'lease expired (owner ' || t.owner || ')',
         updated_at = clock_timestamp()
-    WHERE t.id = ANY (ARRAY (SELECT id FROM expired))
+    FROM expired e
+    WHERE t.id = ANY (ARRAY (SELECT id FROM expired)) AND t.id = e.id
       AND t.state = 'claimed' AND t.lease_expires_at < now()
     RETURNING t.*
 ), logged AS (
@@ -259,7 +275,7 @@ SELECT * FROM reaped;
 -- name: promote_due_retries
 -- Up to :limit retrying todos whose time has come: clearing next_retry_at tells pages
 -- they are ready, and the queues come back so the store can hint waiting workers
--- (claims already accept a due retry without this).
+-- (claims already accept a due retry without this). ready_at stays: it is the due time.
 WITH due AS (
     SELECT id FROM todos
     WHERE state = 'pending' AND next_retry_at <= now()
@@ -283,6 +299,7 @@ SELECT count(*)::int AS promoted, coalesce(array_agg(DISTINCT queue), '{}') AS q
 WITH retried AS (
     UPDATE todos
     SET state = 'pending', owner = NULL, completed_at = NULL, next_retry_at = NULL,
+        ready_at = clock_timestamp(),
         attempt = CASE WHEN :one_more THEN attempt ELSE 0 END,
         max_attempts = CASE WHEN :one_more THEN attempt + 1 ELSE max_attempts END,
         updated_at = clock_timestamp()
@@ -304,7 +321,7 @@ WITH released AS (
 ), updated AS (
     UPDATE todos t
     SET state = 'pending', owner = NULL, lease_expires_at = NULL, heartbeat_at = NULL,
-        updated_at = clock_timestamp()
+        ready_at = clock_timestamp(), updated_at = clock_timestamp()
     FROM released WHERE t.id = released.id
     RETURNING t.*
 ), logged AS (
