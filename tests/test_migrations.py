@@ -19,6 +19,7 @@ import pytest
 
 from dashboard.errors import MigrationError
 from dashboard.migrate import ADVISORY_LOCK_KEY, MIGRATIONS_DIR, apply_migrations, load_migrations
+from dashboard.store import Store
 from tests.conftest import ROOT, connected, scratch_database
 
 ALL = [m.name for m in load_migrations()]
@@ -241,3 +242,41 @@ async def test_0004_backfills_each_old_actor_form_into_its_kind_and_bare_name(em
             "INSERT INTO todo_history (todo_id, to_state, actor_kind, actor, attempt) "
             "VALUES ('td_old', 'pending', 'admin', 'x', 0)"
         )
+
+
+# -- 0007: ready_at, backfilled for the todos pending at the upgrade -----------------------
+
+
+async def test_0007_gives_pending_todos_their_old_claim_position_and_keeps_them_in_order(
+    empty_conn, tmp_path
+):
+    before_0007 = tmp_path / "migrations"
+    before_0007.mkdir()
+    for name in ALL:
+        if int(name.split("_", 1)[0]) < 7:
+            shutil.copy(MIGRATIONS_DIR / name, before_0007 / name)
+    await apply_migrations(empty_conn, before_0007)
+    await empty_conn.execute(
+        """INSERT INTO todos (id, queue, title, created_at, next_retry_at, attempt) VALUES
+               ('td_old', 'q', 'old', now() - interval '2 hours', NULL, 0),
+               ('td_new', 'q', 'new', now() - interval '1 hour', NULL, 0),
+               ('td_retrying', 'q', 'retrying', now() - interval '3 hours', now() + interval '1 hour', 1);
+           INSERT INTO todos (id, queue, title, state, owner, attempt, completed_at)
+           VALUES ('td_done', 'q', 'done', 'done', 'w', 1, now())"""
+    )
+
+    assert await apply_migrations(empty_conn) == [n for n in ALL if n >= "0007"]
+
+    rows = {
+        r["id"]: r
+        for r in await empty_conn.fetch("SELECT id, ready_at, created_at, next_retry_at FROM todos")
+    }
+    assert rows["td_old"]["ready_at"] == rows["td_old"]["created_at"]
+    assert rows["td_new"]["ready_at"] == rows["td_new"]["created_at"]
+    assert rows["td_retrying"]["ready_at"] == rows["td_retrying"]["next_retry_at"]
+    assert rows["td_done"]["ready_at"] is None  # finished before: ready_at means nothing
+    claimed = await Store(empty_conn).claim_batch(["q"], "w", 30, 10)
+    assert [t.id for t in claimed] == ["td_old", "td_new"]  # the retry is not due
+    # A retry time written by plain SQL must move ready_at with it.
+    with pytest.raises(asyncpg.CheckViolationError):
+        await empty_conn.execute("UPDATE todos SET next_retry_at = now() WHERE id = 'td_retrying'")

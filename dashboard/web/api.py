@@ -76,8 +76,8 @@ async def create_batch(data: JSONBody[BatchIn], caller: NamedDependency[Caller])
     status_code=HTTP_200_OK,
     summary="Claim the next todo (or, with `max`, up to `max` todos) from a set of queues",
     description="With `wait` (seconds, up to 60) the request blocks until work arrives. Without `max`: "
-    'the todo, or 204 when none came in time. With `max` (1 to 100): `{"todos": [...]}`, oldest '
-    "first, up to `max` of them, and `[]` when none came in time.",
+    'the todo, or 204 when none came in time. With `max` (1 to 100): `{"todos": [...]}`, longest '
+    "ready first, up to `max` of them, and `[]` when none came in time.",
     responses={
         204: ResponseSpec(data_container=None, description="No todo came within `wait` (without `max`)"),
         **BAD_INPUT,

@@ -102,7 +102,7 @@ class ClaimIn(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class ClaimedOut(msgspec.Struct):
-    """The answer to a claim with `max`: up to `max` todos, oldest first (none: `[]`)."""
+    """The answer to a claim with `max`: up to `max` todos, longest ready first (none: `[]`)."""
 
     todos: list[TodoOut]
 
