@@ -151,6 +151,7 @@ async def cmd_migrate(db, args) -> int:
 
 @with_database
 async def cmd_reap(db, args) -> int:
+    from dashboard.horizon import HorizonWatch
     from dashboard.reaper import reap_once, run_reaper
     from dashboard.store import Store
 
@@ -169,7 +170,7 @@ async def cmd_reap(db, args) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):  # what process managers send; PID 1 has no default
         loop.add_signal_handler(sig, stop.set)
-    await run_reaper(store, interval=args.interval, stop=stop)
+    await run_reaper(store, interval=args.interval, stop=stop, horizon=HorizonWatch(db.pool))
     logging.getLogger("switchboard.reaper").info("reaper stopped")
     return 0
 

@@ -208,7 +208,15 @@ async def reset_connection(conn: asyncpg.Connection) -> None:
 # claim + complete went from ~1,000 to ~2,000 todos/s with generic plans. tests/test_plans.py
 # checks that the generic plans of the hot statements walk indexes, with no Seq Scan or
 # Sort of todos.
-SERVER_SETTINGS = {"plan_cache_mode": "force_generic_plan"}
+# No session of ours stays idle in a transaction: none of our transactions waits on
+# anything but the database between its statements. One that did (a bug, a stuck
+# process) would hold back vacuum for every table (README "When vacuum is held back"), so
+# PostgreSQL ends it after IDLE_IN_TRANSACTION_TIMEOUT.
+IDLE_IN_TRANSACTION_TIMEOUT = "60s"
+SERVER_SETTINGS = {
+    "plan_cache_mode": "force_generic_plan",
+    "idle_in_transaction_session_timeout": IDLE_IN_TRANSACTION_TIMEOUT,
+}
 
 
 async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 10) -> asyncpg.Pool:

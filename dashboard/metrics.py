@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from dashboard.horizon import Horizon
 from dashboard.models import Created, Todo
 from dashboard.reads import QueueStats
 
@@ -123,12 +124,29 @@ def _maybe_dead(todo: Todo) -> None:
 
 
 class _QueueGauges:
-    """The overview's counts as gauges, for one scrape."""
+    """The overview's counts and what holds back vacuum, as gauges, for one scrape."""
 
-    def __init__(self, stats: list[QueueStats]):
-        self.stats = stats
+    def __init__(self, stats: list[QueueStats] | None, horizon: Horizon | None):
+        self.stats = stats or []
+        self.horizon = horizon
 
     def collect(self):
+        yield from self._queues()
+        if self.horizon is not None:
+            held = GaugeMetricFamily(
+                "switchboard_vacuum_held_back_seconds",
+                "Age of the oldest open transaction, prepared transaction or replication slot "
+                "holding back vacuum in this database (0 when none).",
+            )
+            held.add_metric([], self.horizon.oldest.age if self.horizon.oldest else 0.0)
+            dead = GaugeMetricFamily(
+                "switchboard_dead_tuples", "Dead row versions in the hot tables.", labels=["table"]
+            )
+            for table, n in self.horizon.dead_tuples.items():
+                dead.add_metric([table], n)
+            yield from (held, dead)
+
+    def _queues(self):
         todos = GaugeMetricFamily(
             "switchboard_queue_todos",
             "Todos by state: ready, retrying, claimed, dead.",
@@ -152,12 +170,13 @@ class _QueueGauges:
         return [todos, lapsed, oldest]
 
 
-def exposition(stats: list[QueueStats] | None) -> bytes:
+def exposition(stats: list[QueueStats] | None, horizon: Horizon | None = None) -> bytes:
     """This process's metrics in the Prometheus text format, with the queue gauges from
-    `stats` (None: the database did not answer; the process's own metrics still do)."""
+    `stats` and the vacuum gauges from `horizon` (None: the database did not answer; the
+    process's own metrics still do)."""
     text = generate_latest(REGISTRY)
-    if stats is not None:
+    if stats is not None or horizon is not None:
         gauges = CollectorRegistry()
-        gauges.register(_QueueGauges(stats))
+        gauges.register(_QueueGauges(stats, horizon))
         text += generate_latest(gauges)
     return text

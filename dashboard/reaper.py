@@ -12,6 +12,7 @@ import logging
 import os
 
 from dashboard.errors import DatabaseUnavailable
+from dashboard.horizon import HorizonWatch
 from dashboard.store import Store
 
 log = logging.getLogger("switchboard.reaper")
@@ -20,6 +21,7 @@ BATCH = 500
 DEFAULT_INTERVAL = 1.0
 DEFAULT_RETENTION_DAYS = 7.0
 PRUNE_EVERY = 60.0  # seconds between prune passes
+HORIZON_EVERY = 10.0  # seconds between looks at what holds back vacuum
 
 
 def retention_seconds() -> float:
@@ -45,13 +47,46 @@ async def reap_once(store: Store) -> tuple[int, int]:
     return reaped, promoted
 
 
+class HorizonLog:
+    """Logs when vacuum starts being held back past the threshold, again every
+    REPEAT_EVERY while it lasts, and when it ends (README "When vacuum is held back")."""
+
+    REPEAT_EVERY = 300.0
+
+    def __init__(self, watch: HorizonWatch):
+        self.watch = watch
+        self._warned_at: float | None = None
+
+    async def check(self, now: float) -> None:
+        horizon = await self.watch.get()
+        if horizon.held_back:
+            if self._warned_at is None or now - self._warned_at >= self.REPEAT_EVERY:
+                dead = ", ".join(f"{n:,} in {t}" for t, n in horizon.dead_tuples.items()) or "unknown"
+                log.warning(
+                    "vacuum is held back for %.0f s by %s; dead row versions: %s",
+                    horizon.oldest.age,
+                    horizon.oldest.describe(),
+                    dead,
+                )
+                self._warned_at = now
+        elif self._warned_at is not None:
+            log.warning("vacuum is no longer held back")
+            self._warned_at = None
+
+
 async def run_reaper(
-    store: Store, *, interval: float = DEFAULT_INTERVAL, stop: asyncio.Event | None = None
+    store: Store,
+    *,
+    interval: float = DEFAULT_INTERVAL,
+    stop: asyncio.Event | None = None,
+    horizon: HorizonWatch | None = None,
 ) -> None:
-    """Reap every `interval` seconds until `stop` is set; errors are logged, not fatal."""
+    """Reap every `interval` seconds until `stop` is set; errors are logged, not fatal.
+    With `horizon`, also log what holds back vacuum (HorizonLog) every HORIZON_EVERY."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
-    next_prune = loop.time()
+    next_prune = next_horizon = loop.time()
+    watch = HorizonLog(horizon) if horizon is not None else None
     while not stop.is_set():
         try:
             await reap_once(store)
@@ -60,6 +95,9 @@ async def run_reaper(
                 if pruned:
                     log.info("pruned %d finished todos", pruned)
                 next_prune = loop.time() + PRUNE_EVERY
+            if watch is not None and loop.time() >= next_horizon:
+                await watch.check(loop.time())
+                next_horizon = loop.time() + HORIZON_EVERY
         except DatabaseUnavailable as exc:  # briefly gone, read-only: try again next tick
             log.warning("reaper pass skipped: %s", exc)
         except Exception:

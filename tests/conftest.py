@@ -228,11 +228,15 @@ async def client_without_reaper(app_without_reaper):
         yield client
 
 
+LIVE_HORIZON_WARN_SECONDS = 3
+
+
 @pytest.fixture(scope="session")
 def live_server(server_dsn, template_db, tmp_path_factory):
     """`switchboard serve` in a subprocess on a free port, on its own database.
 
-    Yields (base_url, dsn). Tests share it, so each uses its own queue names.
+    Yields (base_url, dsn). Tests share it, so each uses its own queue names. It warns of
+    a held-back vacuum horizon after LIVE_HORIZON_WARN_SECONDS, not a minute.
     """
     import socket
     import subprocess
@@ -248,7 +252,11 @@ def live_server(server_dsn, template_db, tmp_path_factory):
     log = open(log_path, "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [sys.executable, "-m", "dashboard.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
-        env={**os.environ, "DATABASE_URL": url},
+        env={
+            **os.environ,
+            "DATABASE_URL": url,
+            "SWITCHBOARD_HORIZON_WARN_SECONDS": str(LIVE_HORIZON_WARN_SECONDS),
+        },
         stdout=log,
         stderr=subprocess.STDOUT,
         cwd=ROOT,

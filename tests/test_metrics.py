@@ -31,6 +31,7 @@ from tests.factories import (
     retrying,
     unique,
 )
+from tests.test_horizon import report
 from tests.web_helpers import count, get_page, queue_row
 
 TOKEN = "s3cret-metrics-token"
@@ -307,3 +308,13 @@ async def test_switchboard_reap_serves_its_counts_on_its_metrics_port(dsn, store
 def _get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=2) as response:
         return response.read().decode()
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["nothing-held", "transaction-held"])
+async def test_metrics_export_what_holds_back_vacuum_and_the_dead_tuples(dsn, open_metrics, held):
+    async with report(dsn) if held else contextlib.nullcontext():
+        found = await scrape(open_metrics)
+    age = value(found, "switchboard_vacuum_held_back_seconds")
+    assert age > 0 if held else age == 0
+    for table in ("todos", "todo_history"):
+        assert ("switchboard_dead_tuples", frozenset({("table", table)})) in found

@@ -31,6 +31,7 @@ from prometheus_client import disable_created_metrics
 from dashboard.accounts import Accounts
 from dashboard.db import Database, create_pool
 from dashboard.errors import SwitchboardError
+from dashboard.horizon import HorizonWatch
 from dashboard.notify import Hub
 from dashboard.reads import Reads
 from dashboard.reaper import run_reaper
@@ -128,7 +129,7 @@ def _provide(name: str) -> Provide:
 
 
 # Each service the lifespan opened, injected by name (see services.py).
-DEPENDENCIES = {name: _provide(name) for name in ("store", "reads", "accounts", "hub", "stats")}
+DEPENDENCIES = {name: _provide(name) for name in ("store", "reads", "accounts", "hub", "stats", "horizon")}
 
 
 def create_app(dsn: str, config: WebConfig, *, reaper: bool = True, pool_size: int = 10) -> Litestar:
@@ -146,10 +147,16 @@ def create_app(dsn: str, config: WebConfig, *, reaper: bool = True, pool_size: i
             accounts=accounts,
             hub=hub,
             stats=StatsCache(reads, hub),
+            horizon=HorizonWatch(pool),
             tokens=TokenCache(accounts, hub),
         )
         stop = asyncio.Event()
-        task = asyncio.create_task(run_reaper(app.state.services.store, stop=stop)) if reaper else None
+        services = app.state.services
+        task = (
+            asyncio.create_task(run_reaper(services.store, horizon=services.horizon, stop=stop))
+            if reaper
+            else None
+        )
         try:
             yield
         finally:

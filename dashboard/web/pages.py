@@ -13,6 +13,7 @@ from litestar.params import FromPath
 from litestar.response import Template
 
 from dashboard.accounts import Accounts
+from dashboard.horizon import HorizonWatch
 from dashboard.models import DEFAULT_MAX_ATTEMPTS
 from dashboard.reads import LIST_STATES, Reads, TodoFilter
 from dashboard.web.responses import page, render
@@ -26,9 +27,13 @@ TOTALS = ("ready", "retrying", "claimed", "lapsed", "done_recent", "dead")
 # -- context builders -----------------------------------------------------------------
 
 
-async def overview_context(stats: StatsCache) -> dict:
+async def overview_context(stats: StatsCache, horizon: HorizonWatch) -> dict:
     queues = await stats.get()
-    return {"stats": queues, "totals": {k: sum(getattr(s, k) for s in queues) for k in TOTALS}}
+    return {
+        "stats": queues,
+        "totals": {k: sum(getattr(s, k) for s in queues) for k in TOTALS},
+        "horizon": await horizon.get(),
+    }
 
 
 async def queue_context(request: Request, reads: Reads, queue: str) -> dict:
@@ -76,13 +81,17 @@ async def todo_context(reads: Reads, todo_id: str) -> dict:
 
 
 @get("/")
-async def overview(request: Request, stats: NamedDependency[StatsCache]) -> Template:
-    return page(request, "overview.html", **await overview_context(stats))
+async def overview(
+    request: Request, stats: NamedDependency[StatsCache], horizon: NamedDependency[HorizonWatch]
+) -> Template:
+    return page(request, "overview.html", **await overview_context(stats, horizon))
 
 
 @get("/partials/overview")
-async def overview_partial(request: Request, stats: NamedDependency[StatsCache]) -> Template:
-    return render(request, "partials/overview.html", **await overview_context(stats))
+async def overview_partial(
+    request: Request, stats: NamedDependency[StatsCache], horizon: NamedDependency[HorizonWatch]
+) -> Template:
+    return render(request, "partials/overview.html", **await overview_context(stats, horizon))
 
 
 @get("/queues/{queue:str}")

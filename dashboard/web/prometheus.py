@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 
 from dashboard import metrics
 from dashboard.errors import DatabaseUnavailable
+from dashboard.horizon import HorizonWatch
 from dashboard.web.errors import problem
 from dashboard.web.stats_cache import StatsCache
 
@@ -32,7 +33,9 @@ def metrics_route() -> HTTPRouteHandler:
     is_open = not token and os.environ.get("SWITCHBOARD_METRICS", "").lower() == "open"
 
     @get("/metrics", include_in_schema=False, skip_session=True)
-    async def scrape(request: Request, stats: NamedDependency[StatsCache]) -> Response:
+    async def scrape(
+        request: Request, stats: NamedDependency[StatsCache], horizon: NamedDependency[HorizonWatch]
+    ) -> Response:
         if not (is_open or token):
             return problem(404, OFF)
         if not is_open:
@@ -44,10 +47,11 @@ def metrics_route() -> HTTPRouteHandler:
                     {"WWW-Authenticate": 'Bearer realm="switchboard metrics"'},
                 )
         try:
-            queues = await stats.get()  # the overview's counts, shared, at most once a second
+            # The overview's counts and horizon, shared, each read at most once a second.
+            queues, held = await stats.get(), await horizon.get()
         except DatabaseUnavailable:
-            queues = None  # the process's own counters still answer
+            queues = held = None  # the process's own counters still answer
         # The classic text format: what generate_latest writes and every Prometheus reads.
-        return Response(metrics.exposition(queues), headers={"content-type": CONTENT_TYPE_PLAIN_0_0_4})
+        return Response(metrics.exposition(queues, held), headers={"content-type": CONTENT_TYPE_PLAIN_0_0_4})
 
     return scrape

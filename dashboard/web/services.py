@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from litestar.connection import ASGIConnection
 
 from dashboard.accounts import Accounts
+from dashboard.horizon import HorizonWatch
 from dashboard.notify import Hub
 from dashboard.reads import Reads
 from dashboard.store import Store
@@ -26,6 +27,7 @@ class Services:
     accounts: Accounts
     hub: Hub
     stats: StatsCache
+    horizon: HorizonWatch
     tokens: TokenCache
     limits: Limits = field(default_factory=Limits)
     has_operators: bool = False  # remembered once true: operators are never all removed at run time

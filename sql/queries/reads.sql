@@ -115,3 +115,36 @@ SET LOCAL plan_cache_mode = force_custom_plan;
 -- For /readyz: the newest migration applied, and whether this server refuses writes.
 SELECT (SELECT max(version) FROM schema_migrations) AS migrated_to,
        current_setting('transaction_read_only') = 'on' AS read_only;
+
+-- name: horizon_holders
+-- What holds back vacuum of this database's tables (README "When vacuum is held back"),
+-- oldest first: sessions whose transaction has a snapshot or an xid (walsenders too: a
+-- replica's hot_standby_feedback; autovacuum's own are ignored by vacuum), prepared
+-- transactions, and replication slots that hold an xmin. A slot has no start time, so
+-- its age is null here and counted by the caller from when it first saw that xmin.
+-- Other roles' sessions show only to a superuser or a member of pg_read_all_stats.
+SELECT 'transaction' AS kind, pid, usename AS "user", application_name AS application,
+       coalesce(state, backend_type) AS state,
+       extract(epoch FROM now() - coalesce(xact_start, query_start, backend_start))::float8 AS age,
+       NULL::text AS slot_xmin
+FROM pg_stat_activity
+WHERE (datname = current_database() OR backend_type = 'walsender')
+  AND pid <> pg_backend_pid() AND backend_type <> 'autovacuum worker'
+  AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+UNION ALL
+SELECT 'prepared transaction', NULL, owner, gid, 'prepared',
+       extract(epoch FROM now() - prepared)::float8, NULL
+FROM pg_prepared_xacts WHERE database = current_database()
+UNION ALL
+SELECT 'replication slot', active_pid, NULL, slot_name, CASE WHEN active THEN 'active' ELSE 'inactive' END,
+       NULL, xmin::text
+FROM pg_replication_slots WHERE xmin IS NOT NULL
+ORDER BY age DESC NULLS FIRST
+LIMIT 20;
+
+-- name: dead_tuples
+-- Dead row versions in the hot tables, as the statistics collector last counted them.
+SELECT relname AS "table", n_dead_tup AS dead
+FROM pg_stat_user_tables
+WHERE relname IN ('todos', 'todo_history') AND schemaname = current_schema()
+ORDER BY relname DESC;  -- todos first
