@@ -17,6 +17,13 @@ class Conflict(SwitchboardError):
         self.current = current or {}
 
 
+class Cancelled(Conflict):
+    """The todo was cancelled while its holder held it: the holder should stop its work.
+    Its problem details carry the type PROBLEM_CANCELLED, so a worker can tell it apart."""
+
+    problem_type = "/problems/cancelled"
+
+
 class OutOfScope(SwitchboardError):
     """The todo is in a queue the caller's API token does not cover."""
 

@@ -34,6 +34,7 @@ RETRIED = _per_queue("retried", "Dead-letters retried by an operator.")
 DEAD_LETTERED = _per_queue("dead_lettered", "Todos dead-lettered (failed or reaped at the cap).")
 REAPED = _per_queue("reaped", "Lapsed leases taken back by the reaper.")
 RELEASED = _per_queue("released", "Leases given back, by their agent or by an operator.")
+CANCELLED = _per_queue("cancelled", "Todos cancelled (pending or claimed; dead-lettered as cancelled).")
 FENCED = Counter(
     "switchboard_fencing_refusals",
     "Heartbeats and acks refused because a later claim superseded their lease.",
@@ -42,7 +43,7 @@ FENCED = Counter(
 _LONG = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600)
 TIME_IN_QUEUE = Histogram(
     "switchboard_todo_time_in_queue_seconds",
-    "From creation to first claim.",
+    "From becoming claimable (creation, or the time it was scheduled for) to first claim.",
     ["queue"],
     buckets=_LONG,
 )
@@ -76,7 +77,8 @@ def claimed(todos: Iterable[Todo]) -> None:
     for todo in todos:
         _child(CLAIMED, todo.queue).inc()
         if todo.lease_token == 1:  # the first claim: later ones wait since a retry or release
-            _child(TIME_IN_QUEUE, todo.queue).observe((todo.claimed_at - todo.created_at).total_seconds())
+            ready = todo.ready_at or todo.created_at
+            _child(TIME_IN_QUEUE, todo.queue).observe((todo.claimed_at - ready).total_seconds())
 
 
 def completed(todos: Iterable[Todo]) -> None:
@@ -103,6 +105,10 @@ def released(todo: Todo) -> None:
 
 def retried(todo: Todo) -> None:
     _child(RETRIED, todo.queue).inc()
+
+
+def cancelled(todo: Todo) -> None:
+    _child(CANCELLED, todo.queue).inc()
 
 
 def fenced(queue: str, action: str) -> None:
@@ -149,7 +155,7 @@ class _QueueGauges:
     def _queues(self):
         todos = GaugeMetricFamily(
             "switchboard_queue_todos",
-            "Todos by state: ready, retrying, claimed, dead.",
+            "Todos by state: ready, scheduled, retrying, claimed, dead.",
             labels=["queue", "state"],
         )
         lapsed = GaugeMetricFamily(
@@ -163,7 +169,7 @@ class _QueueGauges:
             labels=["queue"],
         )
         for s in self.stats:
-            for state in ("ready", "retrying", "claimed", "dead"):
+            for state in ("ready", "scheduled", "retrying", "claimed", "dead"):
                 todos.add_metric([s.queue, state], getattr(s, state))
             lapsed.add_metric([s.queue], s.lapsed)
             oldest.add_metric([s.queue], float(s.oldest_ready_age or 0))  # numeric from SQL

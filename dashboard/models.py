@@ -7,7 +7,7 @@ import json
 import re
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 import msgspec
 
@@ -25,6 +25,9 @@ MAX_ERROR = 8000
 DEFAULT_MAX_ATTEMPTS = 5
 MAX_LEASE = 2**63 - 1  # lease tokens are bigint
 MAX_WAIT = 60.0  # seconds a long-poll claim may wait
+PRIORITY_MIN, PRIORITY_MAX = -10, 10  # 0008_queue_control.sql's CHECK
+MAX_DELAY = 366 * 24 * 3600.0  # seconds ahead a todo may be scheduled (run_at or delay)
+MAX_REASON = 1000  # a pause's or a cancellation's reason
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")  # an unescaped \u0000 in JSON text
 
 
@@ -52,6 +55,12 @@ class Todo(msgspec.Struct, kw_only=True):
     ready_at: datetime | None = None
     last_error: str | None = None
     dedupe_hits: int = 0
+    priority: int = 0
+    assignee_until: datetime | None = None  # then any agent of the queue may claim it
+    cancelled_at: datetime | None = None  # a cancelled todo is failed, with who and why
+    cancelled_by_kind: ActorKind | None = None
+    cancelled_by: str | None = None
+    cancel_reason: str | None = None
     created_at: datetime
     updated_at: datetime
     claimed_at: datetime | None = None
@@ -59,12 +68,56 @@ class Todo(msgspec.Struct, kw_only=True):
 
     @classmethod
     def from_record(cls, record) -> Todo:
-        """From a `SELECT *` row of todos (the statements' extra `part` and `read_at`
-        columns are dropped)."""
+        """From a `SELECT *` row of todos (the statements' extra columns — `part`,
+        `read_at`, `was`, `changes` — are dropped)."""
         row = dict(record)
-        row.pop("part", None)
-        row.pop("read_at", None)
+        for extra in _EXTRA_COLUMNS:
+            row.pop(extra, None)
         return cls(**row)
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancelled_at is not None
+
+    def scheduled(self, now: datetime) -> bool:
+        """Pending, not retrying, and not claimable before its ready_at (a run_at)."""
+        return (
+            self.state == "pending"
+            and self.next_retry_at is None
+            and self.ready_at is not None
+            and self.ready_at > now
+        )
+
+
+_EXTRA_COLUMNS = ("part", "read_at", "was", "changes")
+
+
+class TodoEdit(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The fields an edit sets; a field left out stays as it is. `kind`, `assignee` and
+    `assignee_until` may be null (cleared). `run_at` reschedules a pending todo (ISO 8601
+    with its zone; a past time: now). The idempotency key is not editable."""
+
+    title: str | msgspec.UnsetType = msgspec.UNSET
+    kind: str | msgspec.UnsetType | None = msgspec.UNSET
+    payload: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    assignee: str | msgspec.UnsetType | None = msgspec.UNSET
+    assignee_until: str | msgspec.UnsetType | None = msgspec.UNSET
+    max_attempts: int | msgspec.UnsetType = msgspec.UNSET
+    priority: int | msgspec.UnsetType = msgspec.UNSET
+    run_at: str | msgspec.UnsetType = msgspec.UNSET
+
+    def given(self) -> dict[str, Any]:
+        return {f: v for f in self.__struct_fields__ if (v := getattr(self, f)) is not msgspec.UNSET}
+
+
+class QueuePause(msgspec.Struct, kw_only=True):
+    """A paused queue: who paused it, when and why."""
+
+    queue: str
+    paused_at: datetime
+    actor_kind: ActorKind
+    actor: str
+    reason: str | None
 
 
 class Actor(msgspec.Struct, frozen=True):
@@ -86,6 +139,10 @@ class NewEvent(msgspec.Struct, kw_only=True):
 
 
 class NewTodo(msgspec.Struct, kw_only=True):
+    """A todo to create. `run_at` (a time with its zone: ISO 8601 text, or a datetime) or
+    `delay` (seconds) schedules it: not claimable before then. `assignee_until`: after
+    that time any agent may claim it, not only its assignee."""
+
     queue: str
     title: str
     kind: str | None = None
@@ -94,6 +151,10 @@ class NewTodo(msgspec.Struct, kw_only=True):
     idempotency_key: str | None = None
     assignee: str | None = None
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    priority: int = 0
+    run_at: str | None = None
+    delay: float | None = None
+    assignee_until: str | None = None
     event: NewEvent | None = None
 
 
@@ -227,8 +288,73 @@ def check_actor(actor: Any) -> Actor:
     return actor
 
 
-def check_new_todo(item: NewTodo) -> tuple[str, str | None]:
-    """Check every field; returns the payload and the event's payload as JSON text."""
+def check_priority(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise InvalidInput(
+            "priority", f"must be a whole number from {PRIORITY_MIN} to {PRIORITY_MAX} (higher runs first)"
+        )
+    return value
+
+
+_ISO_EXAMPLE = "ISO 8601 with a zone, e.g. 2026-12-24T18:00:00Z"
+
+
+def check_time(value: Any, field: str) -> datetime | None:
+    """A point in time with its zone: a datetime, or ISO 8601 text ("2026-12-24T18:00:00Z")."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise InvalidInput(
+                field, f"{value!r} is not a time (ISO 8601, e.g. 2026-12-24T18:00:00Z)"
+            ) from None
+    if not isinstance(value, datetime):
+        raise InvalidInput(field, f"must be a time ({_ISO_EXAMPLE})")
+    if value.tzinfo is None:
+        raise InvalidInput(
+            field, "must say its time zone (end it with Z for UTC, or an offset such as +01:00)"
+        )
+    if abs((value - datetime.now(value.tzinfo)).total_seconds()) > MAX_DELAY:
+        raise InvalidInput(field, "must be within a year of now")
+    return value
+
+
+def check_delay(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_DELAY:
+        raise InvalidInput("delay", f"must be a number of seconds from 0 to {MAX_DELAY:.0f} (a year)")
+    return float(value)
+
+
+def check_schedule(run_at: Any, delay: Any) -> tuple[datetime | None, float | None]:
+    """(run_at, delay), at most one of them given."""
+    if run_at is not None and delay is not None:
+        raise InvalidInput("run_at", "give run_at or delay, not both")
+    return check_time(run_at, "run_at"), check_delay(delay)
+
+
+def check_assignee_until(until: Any, assignee: Any) -> datetime | None:
+    until = check_time(until, "assignee_until")
+    if until is not None and assignee is None:
+        raise InvalidInput("assignee_until", "needs an assignee (it says until when only they may claim it)")
+    return until
+
+
+class CheckedTodo(NamedTuple):
+    """A NewTodo's values as the store writes them."""
+
+    payload: str  # JSON text
+    event_payload: str | None  # JSON text
+    run_at: datetime | None
+    delay: float | None
+    assignee_until: datetime | None
+
+
+def check_new_todo(item: NewTodo) -> CheckedTodo:
+    """Check every field; returns the values as the store writes them."""
     check_queue(item.queue)
     check_text(item.title, "title", required=True)
     for field in ("kind", "source", "idempotency_key", "assignee"):
@@ -237,11 +363,15 @@ def check_new_todo(item: NewTodo) -> tuple[str, str | None]:
         raise InvalidInput("idempotency_key", "must not be empty (leave it out for no key)")
     payload = check_json_object(item.payload, "payload")
     check_max_attempts(item.max_attempts)
-    if item.event is None:
-        return payload, None
-    check_text(item.event.source, "event.source", required=True)
-    check_text(item.event.kind, "event.kind", required=True)
-    return payload, check_json_object(item.event.payload, "event.payload")
+    check_priority(item.priority)
+    run_at, delay = check_schedule(item.run_at, item.delay)
+    until = check_assignee_until(item.assignee_until, item.assignee)
+    event_payload = None
+    if item.event is not None:
+        check_text(item.event.source, "event.source", required=True)
+        check_text(item.event.kind, "event.kind", required=True)
+        event_payload = check_json_object(item.event.payload, "event.payload")
+    return CheckedTodo(payload, event_payload, run_at, delay, until)
 
 
 def check_wait(wait: Any) -> float:

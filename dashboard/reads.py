@@ -16,20 +16,28 @@ import msgspec
 
 from dashboard.db import transaction
 from dashboard.errors import InvalidInput, NotFound
-from dashboard.models import STATES, ActorKind, Scope, Todo, check_id, check_queue, check_text
+from dashboard.models import (
+    STATES,
+    ActorKind,
+    QueuePause,
+    Scope,
+    Todo,
+    check_id,
+    check_queue,
+    check_text,
+)
 from dashboard.queries import READS as SQL
 
-# A list filter's state: the four states, plus the two faces of pending.
-LIST_STATES = ("ready", "retrying", *STATES)
+# A list filter's state: the four states, plus the three faces of pending.
+LIST_STATES = ("ready", "scheduled", "retrying", *STATES)
 RECENT_SECONDS = 3600  # "done (recent)" on the overview
 THROUGHPUT_MINUTES = 15
 MAX_PAGE = 500
 
-# A list state as list_todos' (state, due) parameters.
-_STATE_FILTERS: dict[str | None, tuple[str | None, bool | None]] = {
+# A list state as list_todos' (state, face) parameters.
+_STATE_FILTERS: dict[str | None, tuple[str | None, str | None]] = {
     None: (None, None),
-    "ready": ("pending", True),
-    "retrying": ("pending", False),
+    **{face: ("pending", face) for face in ("ready", "scheduled", "retrying")},
     **{state: (state, None) for state in STATES},
 }
 
@@ -37,6 +45,7 @@ _STATE_FILTERS: dict[str | None, tuple[str | None, bool | None]] = {
 class QueueStats(msgspec.Struct, kw_only=True):
     queue: str
     ready: int
+    scheduled: int  # pending with a run_at still ahead
     retrying: int
     claimed: int
     lapsed: int
@@ -44,6 +53,9 @@ class QueueStats(msgspec.Struct, kw_only=True):
     dead: int
     oldest_ready_at: datetime | None
     oldest_ready_age: float | None
+    paused_at: datetime | None = None  # claims skip the queue while it is paused
+    paused_by: str | None = None
+    paused_reason: str | None = None
     throughput: list[int] = msgspec.field(default_factory=list)  # completions per minute, oldest first
 
     @property
@@ -85,6 +97,17 @@ class HistoryEntry(msgspec.Struct, kw_only=True):
     actor: str
     attempt: int
     note: str | None
+    changes: dict[str, Any] | None = None  # an edit's: field → [old, new]; payload → a diff
+
+
+class QueueAction(msgspec.Struct, kw_only=True):
+    """A pause or resume of a queue."""
+
+    at: datetime
+    action: str  # paused, resumed
+    actor_kind: ActorKind
+    actor: str
+    reason: str | None
 
 
 class Event(msgspec.Struct, kw_only=True):
@@ -149,6 +172,24 @@ def _like(term: str) -> str:
     return "%" + term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
+def _filter_values(filters: TodoFilter) -> dict[str, Any]:
+    """The filter as list_todos' and matching_ids' parameters, checked."""
+    filters.checked()
+    state, face = _STATE_FILTERS[filters.state]
+    search = filters.search.strip() if filters.search else None
+    return {
+        "queue": filters.queue,
+        "queues": None if filters.queues is None else list(filters.queues),
+        "state": state,
+        "face": face,
+        "assignee": filters.assignee,
+        "owner": filters.owner,
+        "kind": filters.kind,
+        "search": search,
+        "search_like": _like(search) if search else None,
+    }
+
+
 def _of(shape: type[msgspec.Struct], rows: Sequence) -> list:
     return [shape(**dict(r)) for r in rows]
 
@@ -172,35 +213,36 @@ class Reads:
 
     async def list_todos(self, filters: TodoFilter, *, limit: int = 50, after: str | None = None) -> Page:
         """Newest first by created_at, keyset-paginated by (created_at, id)."""
-        filters.checked()
-        state, due = _STATE_FILTERS[filters.state]
         before_at, before_id = decode_cursor(after)
-        search = filters.search.strip() if filters.search else None
         rows = await self._custom_plan(
             SQL.list_todos,
-            queue=filters.queue,
-            queues=None if filters.queues is None else list(filters.queues),
-            state=state,
-            due=due,
-            assignee=filters.assignee,
-            owner=filters.owner,
-            kind=filters.kind,
-            search=search,
-            search_like=_like(search) if search else None,
+            **_filter_values(filters),
             before_at=before_at,
             before_id=before_id,
             limit=check_limit(limit) + 1,
         )
         return self._page(rows, limit, "created_at")
 
+    async def matching_ids(self, filters: TodoFilter, *, limit: int) -> list[str]:
+        """The ids of up to `limit` todos the filter matches now, oldest first (a bulk
+        action's "all matching": the filter is applied again when the action runs)."""
+        rows = await self._custom_plan(SQL.matching_ids, **_filter_values(filters), limit=limit)
+        return [r["id"] for r in rows]
+
     async def dead_letters(
-        self, queue: str | None = None, *, limit: int = 50, after: str | None = None
+        self,
+        queue: str | None = None,
+        *,
+        cancelled: bool | None = None,
+        limit: int = 50,
+        after: str | None = None,
     ) -> Page:
-        """Newest death first."""
+        """Newest death first; `cancelled` True or False shows only those cancelled or not."""
         before_at, before_id = decode_cursor(after)
         rows = await SQL.list_dead_letters.fetch(
             self.db,
             queue=None if queue is None else check_queue(queue),
+            cancelled=cancelled,
             before_at=before_at,
             before_id=before_id,
             limit=check_limit(limit) + 1,
@@ -216,9 +258,10 @@ class Reads:
     async def dead_letter_queues(self) -> list[str]:
         return [r["queue"] for r in await SQL.dead_letter_queues.fetch(self.db)]
 
-    async def dead_letter_ids(self, queue: str | None = None) -> list[str]:
+    async def dead_letter_ids(self, queue: str | None = None, *, cancelled: bool | None = None) -> list[str]:
         queue = None if queue is None else check_queue(queue)
-        return [r["id"] for r in await SQL.dead_letter_ids.fetch(self.db, queue=queue)]
+        rows = await SQL.dead_letter_ids.fetch(self.db, queue=queue, cancelled=cancelled)
+        return [r["id"] for r in rows]
 
     async def todo_detail(self, todo_id: str, *, scope: Scope | None = None) -> TodoDetail:
         row = await SQL.todo.fetchrow(self.db, id=check_id(todo_id))
@@ -233,6 +276,12 @@ class Reads:
             event_row = await SQL.event.fetchrow(self.db, id=todo.event_id)
             event = Event(**dict(event_row)) if event_row else None
         return TodoDetail(todo, history, event, row["read_at"])
+
+    async def paused_queues(self) -> list[QueuePause]:
+        return _of(QueuePause, await SQL.queue_pauses.fetch(self.db))
+
+    async def queue_history(self, queue: str, limit: int = 20) -> list[QueueAction]:
+        return _of(QueueAction, await SQL.queue_history.fetch(self.db, queue=check_queue(queue), limit=limit))
 
     async def readiness(self) -> tuple[int | None, bool]:
         """(the newest migration applied, whether the server is read-only)."""

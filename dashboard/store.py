@@ -14,6 +14,7 @@ one by a statement of its own. Claims and completions, the hot path, send none.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -28,6 +29,7 @@ from dashboard import metrics
 from dashboard.claim_cursor import ClaimCursors
 from dashboard.db import transaction
 from dashboard.errors import (
+    Cancelled,
     Conflict,
     DatabaseUnavailable,
     InvalidInput,
@@ -37,21 +39,30 @@ from dashboard.errors import (
 )
 from dashboard.models import (
     MAX_ERROR,
+    MAX_REASON,
     PRODUCER,
     Ack,
     Actor,
     Created,
     NewTodo,
+    QueuePause,
     Scope,
     Todo,
+    TodoEdit,
     check_actor,
+    check_assignee_until,
     check_id,
     check_json_object,
     check_lease,
+    check_max_attempts,
     check_new_todo,
+    check_priority,
+    check_queue,
     check_queues,
     check_text,
+    check_time,
     check_ttl,
+    json_encode,
 )
 from dashboard.queries import HINTS
 from dashboard.queries import TRANSITIONS as SQL
@@ -81,17 +92,36 @@ def new_ids(prefix: str, n: int) -> list[str]:
     ]
 
 
-class RetryReport(msgspec.Struct):
-    retried: list[str]
-    refused: list[tuple[str, str]]  # (todo id, why)
+class BulkReport(msgspec.Struct):
+    """What a bulk action did: the todos it changed, and how many it skipped, by the state
+    they were in (a todo already in the asked-for shape counts under its state too)."""
+
+    done: str  # the verb: "cancelled", "made ready", …
+    changed: list[Todo]
+    skipped: dict[str, int]
+    examples: list[str] = msgspec.field(default_factory=list)  # why some were skipped, in words
 
     def summary(self) -> str:
-        text = f"{len(self.retried)} retried"
-        if self.refused:
-            text += f", {len(self.refused)} refused: " + "; ".join(r for _, r in self.refused[:3])
-            if len(self.refused) > 3:
-                text += "; …"
+        text = f"{len(self.changed)} {self.done}"
+        if self.skipped:
+            skipped = sorted(self.skipped.items())
+            reasons = ", ".join(f"{n} {_SKIPPED.get(state, state)}" for state, n in skipped)
+            text += f"; {sum(self.skipped.values())} skipped ({reasons})"
+        if self.examples:
+            more = "; …" if sum(self.skipped.values()) > len(self.examples) else ""
+            text += ": " + "; ".join(self.examples) + more
         return text
+
+
+_SKIPPED = {
+    "pending": "pending",
+    "claimed": "claimed",
+    "done": "already done",
+    "failed": "dead",
+    "gone": "no longer there",
+}
+BULK_BATCH = 1000  # todos per statement of a bulk action
+EXAMPLES = 3  # skipped todos a bulk report explains one by one
 
 
 class Store:
@@ -145,7 +175,7 @@ class Store:
         ordered = sorted(rows.values(), key=lambda r: (r[1].queue, r[1].idempotency_key or ""))
         with_events = [(tid, it, enc) for tid, it, enc in ordered if it.event]
         events = {
-            tid: (event_id, it.event, enc[1])
+            tid: (event_id, it.event, enc.event_payload)
             for (tid, it, enc), event_id in zip(with_events, new_ids("ev_", len(with_events)), strict=True)
         }
 
@@ -160,14 +190,18 @@ class Store:
                             it.source,
                             it.kind,
                             it.title,
-                            payload,
+                            enc.payload,
                             it.idempotency_key,
                             it.assignee,
                             it.max_attempts,
                             events[tid][0] if tid in events else None,
                             extra_hits[tid],
+                            it.priority,
+                            enc.run_at,
+                            enc.delay,
+                            enc.assignee_until,
                         )
-                        for tid, it, (payload, _) in ordered
+                        for tid, it, enc in ordered
                     ),
                     strict=True,
                 ),
@@ -229,8 +263,8 @@ class Store:
         records = await self._claiming(
             owner,
             queues,
-            lambda after: SQL.claim_batch.fetch(
-                self.db, queues=queues, owner=owner, ttl=ttl, n=n, after=after
+            lambda rank, after: SQL.claim_batch.fetch(
+                self.db, queues=queues, owner=owner, ttl=ttl, n=n, rank=rank, after=after
             ),
         )
         todos = [Todo.from_record(r) for r in records]
@@ -363,8 +397,8 @@ class Store:
         records = await self._claiming(
             held["owner"],
             queues,
-            lambda after: SQL.complete_and_claim_next.fetch(
-                self.db, **held, result=result, queues=queues, ttl=ttl, after=after
+            lambda rank, after: SQL.complete_and_claim_next.fetch(
+                self.db, **held, result=result, queues=queues, ttl=ttl, rank=rank, after=after
             ),
         )
         done = [Todo.from_record(r) for r in records if r["part"] == "completed"]
@@ -416,9 +450,7 @@ class Store:
     async def retry(self, todo_id: str, actor: Actor, *, one_more: bool = False) -> Todo:
         """Dead-letter back to pending: a fresh budget, or (one_more) one more attempt."""
         try:
-            record = await SQL.retry.fetchrow(
-                self.db, id=check_id(todo_id), **_recorded(check_actor(actor)), one_more=one_more
-            )
+            record = await _retried(self.db, check_id(todo_id), check_actor(actor), one_more=one_more)
         except asyncpg.UniqueViolationError:
             raise await self._key_taken(todo_id) from None
         todo = await self._one(record, todo_id, "retry", actor.name, None, None)
@@ -428,15 +460,33 @@ class Store:
 
     async def retry_many(
         self, todo_ids: Sequence[str], actor: Actor, *, one_more: bool = False
-    ) -> RetryReport:
-        """Retry each todo on its own, so one refusal does not stop the rest."""
-        report = RetryReport(retried=[], refused=[])
-        for todo_id in todo_ids:
+    ) -> BulkReport:
+        """Retry many dead-letters, BULK_BATCH a statement; one whose key a live todo holds
+        stays dead (counted among the skipped)."""
+        actor = check_actor(actor)
+
+        async def batch(ids: list[str]) -> list:
             try:
-                await self.retry(todo_id, actor, one_more=one_more)
-                report.retried.append(todo_id)
-            except (Conflict, NotFound) as exc:
-                report.refused.append((todo_id, str(exc)))
+                return await SQL.retry_many.fetch(self.db, ids=ids, **_recorded(actor), one_more=one_more)
+            except asyncpg.UniqueViolationError:  # a key taken meanwhile: one by one
+                records = []
+                for todo_id in ids:
+                    with contextlib.suppress(asyncpg.UniqueViolationError):
+                        if record := await _retried(self.db, todo_id, actor, one_more=one_more):
+                            records.append(record)
+                return records
+
+        report = await self._bulk("retried", todo_ids, batch)
+        if "failed" in report.skipped:  # still dead: a live todo holds its key
+            report.skipped["key held by a live todo"] = report.skipped.pop("failed")
+            retried = {t.id for t in report.changed}
+            for todo_id in [i for i in todo_ids if i not in retried][:EXAMPLES]:
+                row = await SQL.live_todo_with_key.fetchrow(self.db, id=todo_id)
+                if row is not None and row["live_id"]:
+                    report.examples.append(str(await self._key_taken(todo_id)))
+        for todo in report.changed:
+            metrics.retried(todo)
+        await self._hint(t.queue for t in report.changed)
         return report
 
     async def force_release(self, todo_id: str, actor: Actor) -> Todo:
@@ -449,19 +499,174 @@ class Store:
         await self._hint([todo.queue])
         return todo
 
+    # -- queue control (DESIGN.md "Queue control") ----------------------------------
+    # Operators from the dashboard and the CLI; agents and producers over the API, within
+    # their token's `scope`. Each change is one guarded statement with its history row.
+
+    async def pause(
+        self, queue: str, actor: Actor, reason: str | None = None, *, scope: Scope | None = None
+    ) -> QueuePause:
+        """Claims skip the queue until it is resumed; enqueue, heartbeats and acks go on.
+        Pausing a paused queue keeps the first pause (who, when, why)."""
+        queue, actor, reason = _queue_in(queue, scope), check_actor(actor), _reason(reason)
+        row = await SQL.pause_queue.fetchrow(self.db, queue=queue, **_recorded(actor), reason=reason)
+        row = row or await SQL.queue_pause.fetchrow(self.db, queue=queue)
+        return QueuePause(**dict(row))
+
+    async def resume(
+        self, queue: str, actor: Actor, reason: str | None = None, *, scope: Scope | None = None
+    ) -> bool:
+        """Claims take from the queue again, and its waiting claimers are woken at once.
+        False when it was not paused."""
+        queue, actor, reason = _queue_in(queue, scope), check_actor(actor), _reason(reason)
+        resumed = await SQL.resume_queue.fetchrow(self.db, queue=queue, **_recorded(actor), reason=reason)
+        if resumed is not None:
+            self.cursors.forget(queue)
+            await self._hint([queue])
+        return resumed is not None
+
+    async def cancel(
+        self, todo_id: str, actor: Actor, reason: str | None = None, *, scope: Scope | None = None
+    ) -> Todo:
+        """A pending or claimed todo is dead-lettered as cancelled (who, when, why); its
+        holder, if any, learns it at its next heartbeat or ack (Cancelled)."""
+        report = await self.cancel_many([todo_id], actor, reason, scope=scope)
+        if not report.changed:
+            raise await self._miss(todo_id, "cancel", actor.name, None, scope)
+        return report.changed[0]
+
+    async def cancel_many(
+        self, todo_ids: Sequence[str], actor: Actor, reason: str | None = None, *, scope: Scope | None = None
+    ) -> BulkReport:
+        actor, reason = check_actor(actor), _reason(reason)
+        report = await self._bulk(
+            "cancelled",
+            todo_ids,
+            lambda ids: SQL.cancel_many.fetch(
+                self.db, ids=ids, **_recorded(actor), reason=reason, scope=_queues(scope)
+            ),
+        )
+        for todo in report.changed:
+            metrics.cancelled(todo)
+        await self._hint(t.queue for t in report.changed)
+        return report
+
+    async def run_now(self, todo_id: str, actor: Actor, *, scope: Scope | None = None) -> Todo:
+        """A scheduled or retrying todo becomes claimable now."""
+        report = await self.run_now_many([todo_id], actor, scope=scope)
+        if not report.changed:
+            miss = await self._miss(todo_id, "run", actor.name, None, scope)
+            if isinstance(miss, Conflict) and miss.current.get("state") == "pending":
+                miss = Conflict(
+                    f"todo {todo_id} is ready already: there is nothing to run now", current=miss.current
+                )
+            raise miss
+        return report.changed[0]
+
+    async def run_now_many(
+        self, todo_ids: Sequence[str], actor: Actor, *, scope: Scope | None = None
+    ) -> BulkReport:
+        actor = check_actor(actor)
+        report = await self._bulk(
+            "made ready",
+            todo_ids,
+            lambda ids: SQL.run_now_many.fetch(self.db, ids=ids, **_recorded(actor), scope=_queues(scope)),
+        )
+        await self._hint(t.queue for t in report.changed)
+        return report
+
+    async def set_many(
+        self,
+        todo_ids: Sequence[str],
+        actor: Actor,
+        *,
+        priority: int | None = None,
+        assignee: str | msgspec.UnsetType | None = msgspec.UNSET,
+        scope: Scope | None = None,
+    ) -> BulkReport:
+        """Set the priority and/or the assignee (None: nobody) of pending and dead todos;
+        those already so are skipped."""
+        actor = check_actor(actor)
+        if priority is None and assignee is msgspec.UNSET:
+            raise InvalidInput("priority", "say what to set: a priority or an assignee")
+        if priority is not None:
+            check_priority(priority)
+        set_assignee = assignee is not msgspec.UNSET
+        assignee = check_text(assignee, "assignee") if set_assignee else None
+        report = await self._bulk(
+            "changed",
+            todo_ids,
+            lambda ids: SQL.set_many.fetch(
+                self.db,
+                ids=ids,
+                **_recorded(actor),
+                priority=priority,
+                set_assignee=set_assignee,
+                assignee=assignee,
+                scope=_queues(scope),
+            ),
+        )
+        self.cursors.forget()
+        await self._hint(t.queue for t in report.changed if t.state == "pending")
+        return report
+
+    async def edit(
+        self, todo_id: str, actor: Actor, edit: TodoEdit, *, retry: bool = False, scope: Scope | None = None
+    ) -> Todo:
+        """Change a pending or dead todo (never a claimed one); the history row says what
+        changed, old → new. With `retry`, a dead todo is retried (a fresh budget) and
+        edited in one transaction: both or neither."""
+        check_actor(actor)
+        todo_id = check_id(todo_id)
+        if not retry:
+            todo = await _edit(self.db, todo_id, actor, edit, scope)
+        else:
+            try:
+                async with transaction(self.db) as conn:
+                    record = await _retried(conn, todo_id, actor, one_more=False)
+                    if record is None:
+                        raise await self._miss(todo_id, "retry", actor.name, None, scope)
+                    todo = await _edit(conn, todo_id, actor, edit, scope)
+            except asyncpg.UniqueViolationError:
+                raise await self._key_taken(todo_id) from None
+            metrics.retried(todo)
+        self.cursors.forget()
+        if todo.state == "pending":
+            await self._hint([todo.queue])
+        return todo
+
+    async def _bulk(
+        self, done: str, todo_ids: Sequence[str], run: Callable[[list[str]], Awaitable[list]]
+    ) -> BulkReport:
+        """`run` over `todo_ids` in batches of BULK_BATCH, one statement each; the report
+        says what changed and, for the rest, what state they were in instead."""
+        ids = list(dict.fromkeys(check_id(todo_id) for todo_id in todo_ids))
+        if not ids:
+            raise InvalidInput("ids", "select at least one todo")
+        changed: list[Todo] = []
+        for at in range(0, len(ids), BULK_BATCH):
+            changed += [Todo.from_record(r) for r in await run(ids[at : at + BULK_BATCH])]
+        left = sorted(set(ids) - {t.id for t in changed})
+        skipped = {}
+        if left:
+            skipped = {r["state"]: r["n"] for r in await SQL.states_of.fetch(self.db, ids=left)}
+            if missing := len(left) - sum(skipped.values()):
+                skipped["gone"] = missing
+        return BulkReport(done=done, changed=changed, skipped=skipped)
+
     # -- internals -------------------------------------------------------------------
 
     async def _claiming(
-        self, owner: str, queues: list[str], claim: Callable[[datetime | None], Awaitable[list]]
+        self, owner: str, queues: list[str], claim: Callable[[int, datetime | None], Awaitable[list]]
     ) -> list:
-        """`claim(after)` from this claimer's position, which then moves to the last todo
-        it claimed (dashboard/claim_cursor.py); its rows."""
+        """`claim(rank, after)` from this claimer's position, which then moves to the last
+        todo it claimed (dashboard/claim_cursor.py); its rows."""
         key = ClaimCursors.key(owner, queues)
-        after = self.cursors.start(key)
+        start = self.cursors.start(key)
         began = time.monotonic()
-        records = await claim(after)
-        claimed = [r["ready_at"] for r in records if r.get("part", "claimed") == "claimed"]
-        self.cursors.ended(key, after, claimed, time.monotonic() - began)
+        records = await claim(*start)
+        claimed = [(-r["priority"], r["ready_at"]) for r in records if r.get("part", "claimed") == "claimed"]
+        self.cursors.ended(key, start, claimed, time.monotonic() - began)
         return records
 
     async def _hint(self, queues: Iterable[str]) -> None:
@@ -494,15 +699,40 @@ class Store:
         if scope is not None:
             scope.check_todo(todo_id, row["queue"])
         state, owner, assignee = row["state"], row["owner"], row["assignee"]
-        facts = f"it is {state}"
+        if row["cancelled_at"] is not None:
+            by = f"{row['cancelled_by_kind']} {row['cancelled_by']}"
+            why = f": {row['cancel_reason']}" if row["cancel_reason"] else ""
+            facts = f"it was cancelled by {by} at {row['cancelled_at'].isoformat()}{why}"
+            if lease is not None and owner == actor and lease == row["lease_token"]:
+                # Its holder: stop the work, nobody wants it any more.
+                return Cancelled(
+                    f"cannot {action} todo {todo_id}: {facts}; stop working on it",
+                    current={
+                        "state": state,
+                        "cancelled_by_kind": row["cancelled_by_kind"],
+                        "cancelled_by": row["cancelled_by"],
+                        "reason": row["cancel_reason"],
+                    },
+                )
+        else:
+            facts = f"it is {state}"
         if state == "claimed":
             facts += f" by {owner}"
-        elif owner:
+        elif owner and row["cancelled_at"] is None:
             facts += f" (last owner {owner})"
-        if state == "pending" and row["next_retry_at"] and row["next_retry_at"] > row["now"]:
-            facts += f", retrying at {row['next_retry_at'].isoformat()}"
+        if state == "pending" and row["ready_at"] > row["now"]:
+            if row["next_retry_at"]:
+                facts += f", retrying at {row['next_retry_at'].isoformat()}"
+            else:
+                facts += f", scheduled for {row['ready_at'].isoformat()}"
         if assignee:
             facts += f", assigned to {assignee}"
+            if row["assignee_until"]:
+                facts += f" until {row['assignee_until'].isoformat()}"
+        if row["paused_at"] is not None and state == "pending":
+            facts += f"; queue {row['queue']} is paused"
+            if row["paused_reason"]:
+                facts += f" ({row['paused_reason']})"
         if lease is not None and state == "claimed" and owner == actor and lease != row["lease_token"]:
             facts += f"; lease {lease} is stale (the current lease is {row['lease_token']})"
         if lease is not None and lease != row["lease_token"]:  # a later claim superseded it
@@ -551,6 +781,10 @@ _TODO_COLUMNS = (
     "max_attempts",
     "event_ids",
     "dedupe_hits",
+    "priorities",
+    "run_ats",
+    "delays",
+    "assignee_untils",
 )
 _EVENT_COLUMNS = ("ids", "sources", "kinds", "payloads")
 
@@ -573,6 +807,127 @@ def _checked_ack(i: int, ack: Ack) -> Ack:
         return Ack(check_id(ack.id), check_lease(ack.lease), result=_result(ack.result))
     except InvalidInput as exc:
         raise type(exc)(f"acks[{i}].{exc.field}", exc.message) from None
+
+
+async def _retried(db, todo_id: str, actor: Actor, *, one_more: bool):
+    """The retry statement's row (None: not dead); raises UniqueViolationError when a live
+    todo holds the key (then a transaction it ran in is aborted: classify outside it)."""
+    return await SQL.retry.fetchrow(db, id=todo_id, **_recorded(actor), one_more=one_more)
+
+
+def _reason(reason: Any) -> str | None:
+    reason = check_text(reason, "reason", limit=MAX_REASON)
+    return reason.strip() or None if reason is not None else None
+
+
+def _queue_in(queue: Any, scope: Scope | None) -> str:
+    queue = check_queue(queue)
+    if scope is not None:
+        scope.check([queue])
+    return queue
+
+
+_EDITABLE = ("title", "kind", "payload", "assignee", "assignee_until", "max_attempts", "priority")
+
+
+async def _edit(db, todo_id: str, actor: Actor, edit: TodoEdit, scope: Scope | None) -> Todo:
+    """Read the todo, check the edit against it, and write it guarded by the version read
+    (updated_at): a todo claimed or changed meanwhile is refused, not overwritten."""
+    given = edit.given()
+    if not given:
+        raise InvalidInput("edit", "give at least one field to change")
+    if "idempotency_key" in given:  # forbid_unknown_fields refuses it from JSON already
+        raise InvalidInput("idempotency_key", "cannot be edited")
+    row = await SQL.todo_for_edit.fetchrow(db, id=todo_id)
+    if row is None:
+        raise NotFound(f"no todo {todo_id}")
+    if scope is not None:
+        scope.check_todo(todo_id, row["queue"])
+    todo = Todo.from_record(row)
+    if todo.state not in ("pending", "failed"):
+        held = f" by {todo.owner}" if todo.state == "claimed" else ""
+        raise Conflict(
+            f"cannot edit todo {todo_id}: it is {todo.state}{held}; "
+            "only pending and dead todos can be edited",
+            current={"state": todo.state, "owner": todo.owner},
+        )
+    new = {f: getattr(todo, f) for f in _EDITABLE}
+    if "title" in given:
+        new["title"] = check_text(given["title"], "title", required=True)
+    for field in ("kind", "assignee"):
+        if field in given:
+            value = check_text(given[field], field)
+            new[field] = value if value and value.strip() else None
+    if "payload" in given:
+        check_json_object(given["payload"], "payload")
+        new["payload"] = given["payload"]
+    if "max_attempts" in given:
+        new["max_attempts"] = check_max_attempts(given["max_attempts"])
+    if "priority" in given:
+        new["priority"] = check_priority(given["priority"])
+    if "assignee_until" in given:
+        new["assignee_until"] = check_time(given["assignee_until"], "assignee_until")
+    if new["assignee"] is None:
+        new["assignee_until"] = None
+    check_assignee_until(new["assignee_until"], new["assignee"])
+    run_at = check_time(given.get("run_at"), "run_at")
+    if run_at is not None and todo.state != "pending":
+        raise InvalidInput("run_at", "only a pending todo can be scheduled (retry the dead one with it)")
+    if new["max_attempts"] < todo.attempt and todo.state == "pending":
+        raise InvalidInput(
+            "max_attempts", f"must be at least the attempts already made ({todo.attempt}) while it is pending"
+        )
+    changes = {f: [_plain(getattr(todo, f)), _plain(new[f])] for f in _EDITABLE if getattr(todo, f) != new[f]}
+    if "payload" in changes:
+        changes["payload"] = payload_diff(todo.payload, new["payload"])
+    if run_at is not None:
+        changes["run_at"] = [_plain(todo.ready_at), _plain(run_at)]
+    if not changes:
+        return todo
+    record = await SQL.edit.fetchrow(
+        db,
+        id=todo_id,
+        updated_at=todo.updated_at,
+        **new | {"payload": json_encode(new["payload"])},
+        run_at=run_at,
+        scope=_queues(scope),
+        **_recorded(actor),
+        note="edited: " + "; ".join(_described(f, c) for f, c in changes.items()),
+        changes=json_encode(changes),
+    )
+    if record is None:
+        raise Conflict(f"cannot edit todo {todo_id}: it changed while the edit was made; read it again")
+    return Todo.from_record(record)
+
+
+def payload_diff(old: dict, new: dict) -> dict:
+    """What an edit did to a payload, by top-level key: added, removed, changed (old, new)."""
+    return {
+        "added": {k: v for k, v in new.items() if k not in old},
+        "removed": {k: v for k, v in old.items() if k not in new},
+        "changed": {k: [old[k], new[k]] for k in old.keys() & new.keys() if old[k] != new[k]},
+    }
+
+
+def _plain(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+def _described(field: str, change: Any) -> str:
+    if field == "payload":
+        parts = [
+            f"{sign}{', '.join(sorted(change[k]))}"
+            for k, sign in (("added", "+"), ("removed", "−"), ("changed", "~"))
+            if change[k]
+        ]
+        return f"payload {' '.join(parts)}"
+    old, new = change
+    return f"{field} {_short(old)} → {_short(new)}"
+
+
+def _short(value: Any) -> str:
+    text = "none" if value is None else str(value)
+    return text if len(text) <= 60 else text[:59] + "…"
 
 
 def _error(error: Any) -> str:

@@ -18,7 +18,7 @@ from dashboard.store import Store
 
 # Every table a test may write to, and so every table a snapshot compares and empty_tables
 # empties. Operators and app secrets stay: a module-scoped app keeps using its secrets.
-TABLES = ("todos", "todo_history", "events", "api_tokens")
+TABLES = ("todos", "todo_history", "events", "api_tokens", "queue_pauses", "queue_history")
 
 # -- names ------------------------------------------------------------------------------
 
@@ -152,9 +152,7 @@ async def todo_row(db, todo_id: str) -> Todo:
 
 async def snapshot(db) -> dict[str, list[dict[str, Any]]]:
     """Every row a refused call must leave untouched: all of TABLES, whole rows."""
-    return {
-        table: [dict(r) for r in await db.fetch(f"SELECT * FROM {table} ORDER BY id")] for table in TABLES
-    }
+    return {table: [dict(r) for r in await db.fetch(f"SELECT * FROM {table} ORDER BY 1")] for table in TABLES}
 
 
 async def empty_tables(db) -> None:

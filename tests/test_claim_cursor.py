@@ -11,13 +11,14 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from dashboard import claim_cursor
-from dashboard.claim_cursor import FULL_SCAN_EVERY, MAX_FULL_SCAN_EVERY, ClaimCursors
+from dashboard.claim_cursor import FROM_THE_OLDEST, FULL_SCAN_EVERY, MAX_FULL_SCAN_EVERY, ClaimCursors
 from dashboard.queries import TRANSITIONS
 from tests.factories import new_todo
 from tests.test_horizon import report
 from tests.test_plans import CLAIM_INDEXES, nodes
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+P0 = (0, T0)  # a place in claim order: (rank, ready_at), rank = -priority
 KEY = ClaimCursors.key("w1", ["b", "a", "a"])
 
 
@@ -44,57 +45,57 @@ def test_a_claimer_is_its_owner_and_its_set_of_queues():
 
 
 def test_the_first_claim_scans_from_the_oldest_and_the_next_from_where_it_ended(cursors):
-    assert cursors.start(KEY) is None
-    cursors.ended(KEY, None, [T0, T0 + timedelta(seconds=1)], took=0.001)
-    assert cursors.start(KEY) == T0 + timedelta(seconds=1)
+    assert cursors.start(KEY) == FROM_THE_OLDEST
+    cursors.ended(KEY, FROM_THE_OLDEST, [P0, (0, T0 + timedelta(seconds=1))], took=0.001)
+    assert cursors.start(KEY) == (0, T0 + timedelta(seconds=1))
 
 
 def test_a_claim_that_took_nothing_leaves_the_position(cursors):
     cursors.start(KEY)
-    cursors.ended(KEY, None, [T0], took=0.001)
+    cursors.ended(KEY, FROM_THE_OLDEST, [P0], took=0.001)
     after = cursors.start(KEY)
     cursors.ended(KEY, after, [], took=0.001)
-    assert cursors.start(KEY) == T0
+    assert cursors.start(KEY) == P0
 
 
 def test_a_full_scan_comes_again_after_a_second(cursors, clock):
     cursors.start(KEY)
-    cursors.ended(KEY, None, [T0], took=0.001)
+    cursors.ended(KEY, FROM_THE_OLDEST, [P0], took=0.001)
     clock.now += FULL_SCAN_EVERY - 0.01
-    assert cursors.start(KEY) == T0
+    assert cursors.start(KEY) == P0
     clock.now += 0.02
-    assert cursors.start(KEY) is None
+    assert cursors.start(KEY) == FROM_THE_OLDEST
 
 
 def test_expensive_full_scans_come_less_often_but_within_the_poll_interval(cursors, clock):
     cursors.start(KEY)
-    cursors.ended(KEY, None, [T0], took=0.05)  # 50 ms: the next one 2.5 s later
+    cursors.ended(KEY, FROM_THE_OLDEST, [P0], took=0.05)  # 50 ms: the next one 2.5 s later
     clock.now += 2.4
-    assert cursors.start(KEY) == T0
+    assert cursors.start(KEY) == P0
     clock.now += 0.2
-    assert cursors.start(KEY) is None
-    cursors.ended(KEY, None, [T0], took=3.0)  # far too slow: still within the poll interval
+    assert cursors.start(KEY) == FROM_THE_OLDEST
+    cursors.ended(KEY, FROM_THE_OLDEST, [P0], took=3.0)  # far too slow: still within the poll interval
     clock.now += MAX_FULL_SCAN_EVERY - 0.01
-    assert cursors.start(KEY) == T0
+    assert cursors.start(KEY) == P0
     clock.now += 0.02
-    assert cursors.start(KEY) is None
+    assert cursors.start(KEY) == FROM_THE_OLDEST
 
 
 def test_claims_that_start_during_a_full_scan_use_the_position(cursors, clock):
     cursors.start(KEY)
-    cursors.ended(KEY, None, [T0], took=0.001)
+    cursors.ended(KEY, FROM_THE_OLDEST, [P0], took=0.001)
     clock.now += FULL_SCAN_EVERY
-    assert cursors.start(KEY) is None  # a full scan, still running
-    assert cursors.start(KEY) == T0
+    assert cursors.start(KEY) == FROM_THE_OLDEST  # a full scan, still running
+    assert cursors.start(KEY) == P0
 
 
 def test_a_full_scan_that_finds_a_todo_behind_moves_the_position_back_to_it(cursors, clock):
     cursors.start(KEY)
-    cursors.ended(KEY, None, [T0], took=0.001)
+    cursors.ended(KEY, FROM_THE_OLDEST, [P0], took=0.001)
     clock.now += FULL_SCAN_EVERY
     cursors.start(KEY)
-    cursors.ended(KEY, None, [T0 - timedelta(hours=1)], took=0.001)
-    assert cursors.start(KEY) == T0 - timedelta(hours=1)
+    cursors.ended(KEY, FROM_THE_OLDEST, [(0, T0 - timedelta(hours=1))], took=0.001)
+    assert cursors.start(KEY) == (0, T0 - timedelta(hours=1))
 
 
 def test_the_least_recently_used_claimer_is_forgotten_first(monkeypatch, cursors):
@@ -102,33 +103,41 @@ def test_the_least_recently_used_claimer_is_forgotten_first(monkeypatch, cursors
     for owner in ("a", "b"):
         key = ClaimCursors.key(owner, ["q"])
         cursors.start(key)
-        cursors.ended(key, None, [T0], took=0.001)
+        cursors.ended(key, FROM_THE_OLDEST, [P0], took=0.001)
     cursors.start(ClaimCursors.key("a", ["q"]))  # a used again: b is the oldest now
     cursors.start(ClaimCursors.key("c", ["q"]))
-    assert cursors.start(ClaimCursors.key("a", ["q"])) == T0
-    assert cursors.start(ClaimCursors.key("b", ["q"])) is None  # forgotten: from the oldest
+    assert cursors.start(ClaimCursors.key("a", ["q"])) == P0
+    assert cursors.start(ClaimCursors.key("b", ["q"])) == FROM_THE_OLDEST  # forgotten: from the oldest
 
 
 # -- on a real server ----------------------------------------------------------------------
 
 
 async def pages_read(conn, after: str) -> int:
-    """Shared buffers the scan of a claim of one todo reads from `after` (a SQL literal),
+    """Shared buffers the scans of a claim of one todo read from `after` (a SQL literal),
     in its generic plan, rolled back: index pages and the heap pages of the rows it steps
     over (the claim's writes are not counted)."""
-    literals = {"queues": "'{q}'::text[]", "owner": "'probe'", "ttl": "30", "n": "1", "after": after}
+    literals = {
+        "queues": "'{q}'::text[]",
+        "owner": "'probe'",
+        "ttl": "30",
+        "n": "1",
+        "rank": "0",
+        "after": after,
+    }
     args = ", ".join(literals[p] for p in TRANSITIONS.claim_batch.params)
     await conn.execute("BEGIN")
     try:
         await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         await conn.execute(f"PREPARE probe AS {TRANSITIONS.claim_batch.sql}")
-        text = await conn.fetchval(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE probe({args})")
+        for _ in range(2):  # the first run also reads what any first run reads (queue_pauses)
+            text = await conn.fetchval(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE probe({args})")
     finally:
         await conn.execute("ROLLBACK")
         await conn.execute("DEALLOCATE ALL")
     scans = [n for n in nodes(json.loads(text)[0]["Plan"]) if n.get("Index Name") in CLAIM_INDEXES]
-    assert len(scans) == 1, scans
-    return scans[0]["Shared Hit Blocks"] + scans[0]["Shared Read Blocks"]
+    assert len(scans) == 3, scans  # higher, same and lower priority levels
+    return sum(s["Shared Hit Blocks"] + s["Shared Read Blocks"] for s in scans)
 
 
 async def test_a_claim_from_its_position_steps_over_nothing_claimed_before_it(dsn, conn, store):

@@ -206,7 +206,11 @@ async def test_when_the_counts_cannot_be_read_the_process_metrics_still_answer(o
 async def test_time_in_queue_run_time_and_request_latency_are_observed(open_metrics, store, pool):
     q = unique("m")
     todo = await enqueue(store, q)
-    await pool.execute("UPDATE todos SET created_at = now() - interval '30 seconds' WHERE id = $1", todo.id)
+    await pool.execute(
+        "UPDATE todos SET created_at = now() - interval '40 seconds',"
+        " ready_at = now() - interval '30 seconds' WHERE id = $1",
+        todo.id,
+    )  # time in queue counts from when it became ready (a scheduled todo's run_at)
     before = await scrape(open_metrics)
     todo = await store.claim(todo.id, "w1", 60)
     await pool.execute("UPDATE todos SET claimed_at = now() - interval '5 seconds' WHERE id = $1", todo.id)

@@ -1,9 +1,10 @@
 """Query-plan regressions for the hot statements, on a table big enough to matter.
 
-200,000 pending todos over 20 queues plus 50,000 claimed ones (half of them lapsed), then
-ANALYZE. The claim and ack statements and `reap` are planned both as custom plans
-(parameter values known) and as the generic plan that a prepared statement switches to
-(`plan_cache_mode = force_generic_plan`, what our pool connections use). None may read
+200,000 pending todos over 20 queues at three priorities (one queue paused) plus 50,000
+claimed ones (half of them lapsed), then ANALYZE. The claim and ack statements and `reap`
+are planned both as custom plans (parameter values known) and as the generic plan that a
+prepared statement switches to (`plan_cache_mode = force_generic_plan`, what our pool
+connections use). None may read
 todos with a Seq Scan, or sort rows it read from todos. The list statements run with
 custom plans only (Reads plans them for each call's values), so they are checked so.
 
@@ -41,10 +42,13 @@ async def _fill(dsn: str) -> None:
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute(
-            """INSERT INTO todos (id, queue, title, created_at)
+            """INSERT INTO todos (id, queue, title, created_at, ready_at, priority)
                SELECT 'td_p' || g, 'q' || lpad((g % 20)::text, 2, '0'), 'pending ' || g,
-                      now() - make_interval(secs => g)
+                      now() - make_interval(secs => g), now() - make_interval(secs => g), g % 3 - 1
                FROM generate_series(1, 200000) AS g"""
+        )
+        await conn.execute(
+            "INSERT INTO queue_pauses (queue, actor_kind, actor) VALUES ('q01', 'operator', 'o')"
         )
         await conn.execute(
             """INSERT INTO todos (id, queue, title, state, owner, attempt, lease_token,
@@ -166,16 +170,27 @@ def text_array(values: list[str]) -> str:
     return f"'{{{','.join(values)}}}'::text[]"
 
 
-def claim_args(queues: list[str], n: int = 1, after: str = "NULL") -> dict[str, str]:
-    return {"queues": text_array(queues), "owner": "'agent-1'", "ttl": "30", "n": str(n), "after": after}
+def claim_args(queues: list[str], n: int = 1, position: tuple[str, str] = ("-10", "NULL")) -> dict[str, str]:
+    rank, after = position
+    return {
+        "queues": text_array(queues),
+        "owner": "'agent-1'",
+        "ttl": "30",
+        "n": str(n),
+        "rank": rank,
+        "after": after,
+    }
 
 
 MODES = pytest.mark.parametrize(
     "mode", ["force_custom_plan", "force_generic_plan"], ids=["custom", "generic"]
 )
-# Where a claim starts: from the oldest, or from a claimer's position (ClaimCursors).
+# Where a claim starts, as (rank, after): from the oldest, or from a claimer's position
+# (ClaimCursors) at the default priority or a lower one (rank 1: priority -1).
 AFTER = pytest.mark.parametrize(
-    "after", ["NULL", "now() - interval '1000 seconds'"], ids=["full-scan", "from-position"]
+    "position",
+    [("-10", "NULL"), ("0", "now() - interval '1000 seconds'"), ("1", "now() - interval '1000 seconds'")],
+    ids=["full-scan", "from-position", "from-a-lower-priority"],
 )
 CLAIM_INDEXES = {"todos_ready", "todos_ready_by_queue"}
 
@@ -183,8 +198,8 @@ CLAIM_INDEXES = {"todos_ready", "todos_ready_by_queue"}
 @MODES
 @AFTER
 @pytest.mark.parametrize("queue_count", [1, 3, 20], ids=lambda n: f"{n}-queues")
-async def test_claim_batch_plans_without_a_seq_scan_or_a_sort_of_todos(big, mode, after, queue_count):
-    plan = await explain(big, TRANSITIONS.claim_batch, claim_args(QUEUES[:queue_count], 10, after), mode)
+async def test_claim_batch_plans_without_a_seq_scan_or_a_sort_of_todos(big, mode, position, queue_count):
+    plan = await explain(big, TRANSITIONS.claim_batch, claim_args(QUEUES[:queue_count], 10, position), mode)
     assert offenders(plan) == []
     assert index_scans(plan) & CLAIM_INDEXES
 
@@ -203,6 +218,7 @@ def held_values(statement: str, todo: str = "td_c1", pending: str = "td_p1") -> 
             "result": "NULL",
             "queues": text_array(QUEUES[:3]),
             "ttl": "30",
+            "rank": "0",
             "after": "now() - interval '1000 seconds'",
         },
         "complete_many": {
@@ -223,8 +239,9 @@ BY_ID = pytest.mark.parametrize(
 
 @MODES
 @AFTER
-async def test_complete_and_claim_next_plans_without_a_seq_scan_or_a_sort_of_todos(big, mode, after):
-    values = {**held_values("complete_and_claim_next"), "after": after}
+async def test_complete_and_claim_next_plans_without_a_seq_scan_or_a_sort_of_todos(big, mode, position):
+    rank, after = position
+    values = {**held_values("complete_and_claim_next"), "rank": rank, "after": after}
     plan = await explain(big, TRANSITIONS.complete_and_claim_next, values, mode)
     assert offenders(plan) == []
     assert "todos_pkey" in index_scans(plan)
@@ -246,7 +263,7 @@ async def test_transitions_by_id_plan_on_the_primary_key_when_little_is_live(qui
     plan = await explain(quiet, getattr(TRANSITIONS, statement), held_values(statement), mode)
     assert not any(f.startswith("Seq Scan") for f in offenders(plan))
     assert "todos_pkey" in index_scans(plan)
-    assert index_scans(plan) - {"todos_pkey"} <= CLAIM_INDEXES, index_scans(plan)
+    assert index_scans(plan) - {"todos_pkey", "queue_pauses_pkey"} <= CLAIM_INDEXES, index_scans(plan)
 
 
 @MODES
@@ -284,7 +301,7 @@ ORDERED_LISTS = {
 # Filters served by another index (a partial one, or several queues at once) whose rows
 # are then sorted: no index holds them in (created_at, id) order. Never a Seq Scan.
 SORTED_LISTS = {
-    "ready in a queue": {"queue": "'q03'", "state": "'pending'", "due": "true"},
+    "ready in a queue": {"queue": "'q03'", "state": "'pending'", "face": "'ready'"},
     "a token's queues": {"queues": text_array(QUEUES[:2])},
     "a search in a queue": {"queue": "'q03'", "search": "'td_p3'", "search_like": "'%td\\_p3%'"},
 }

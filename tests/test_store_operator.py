@@ -61,7 +61,7 @@ async def test_retry_is_refused_naming_the_live_todo_that_holds_the_key(module_s
     assert await snapshot(module_pool) == before
 
 
-async def test_retry_many_retries_what_it_can_and_reports_each_refusal(module_store, module_pool):
+async def test_retry_many_retries_what_it_can_and_counts_what_it_could_not(module_store, module_pool):
     dead = [await dead_letter(module_store, module_pool) for _ in range(3)]
     blocked = await dead_letter(module_store, module_pool, idempotency_key="k")
     live = await enqueue(module_store, idempotency_key="k")
@@ -69,11 +69,13 @@ async def test_retry_many_retries_what_it_can_and_reports_each_refusal(module_st
     report = await module_store.retry_many(
         [d.id for d in dead] + [blocked.id, "td_nope"], Actor("operator", "op-ann")
     )
-    assert report.retried == [d.id for d in dead]
-    assert [todo_id for todo_id, _ in report.refused] == [blocked.id, "td_nope"]
-    assert live.id in report.refused[0][1]
-    assert report.refused[1][1] == "no todo td_nope"
-    assert report.summary().startswith("3 retried, 2 refused: ")
+    assert sorted(t.id for t in report.changed) == sorted(d.id for d in dead)
+    assert report.skipped == {"key held by a live todo": 1, "gone": 1}
+    summary = report.summary()
+    assert summary.startswith("3 retried; 2 skipped (1 no longer there, 1 key held by a live todo): ")
+    assert f"cannot retry todo {blocked.id}: a live todo already holds key 'k'" in summary
+    assert live.id in summary
+    assert (await todo_row(module_pool, live.id)).state == "pending"
     for d in dead:
         assert (await todo_row(module_pool, d.id)).state == "pending"
     assert (await todo_row(module_pool, blocked.id)).state == "failed"

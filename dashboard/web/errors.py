@@ -69,7 +69,7 @@ def detail_of(exc: Exception, status: int) -> tuple[str, dict]:
     if isinstance(exc, InvalidInput):
         return str(exc), {"field": exc.field}
     if isinstance(exc, Conflict):
-        return str(exc), {k: v for k, v in exc.current.items() if v is not None}
+        return str(exc), {**{k: v for k, v in exc.current.items() if v is not None}, **problem_type(exc)}
     if isinstance(exc, LitestarValidation):
         extra = exc.extra if isinstance(exc.extra, list) else []
         fields = [e.get("key") for e in extra if isinstance(e, dict) and e.get("key")]
@@ -99,6 +99,12 @@ def problem_of(exc: Exception) -> dict:
     status = status_of(exc)
     detail, extra = detail_of(exc, status)
     return problem_body(status, detail, **extra)
+
+
+def problem_type(exc: Exception) -> dict:
+    """A `type` member for errors that have their own (a cancelled todo's Conflict)."""
+    kind = getattr(exc, "problem_type", None)
+    return {"type": kind} if kind else {}
 
 
 def problem(status: int, detail: str, headers: dict | None = None, **extra) -> Response:

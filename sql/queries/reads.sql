@@ -3,13 +3,15 @@
 -- of finished ones, so its cost follows live work, not the table's size.
 
 -- name: queue_counts
--- One row per queue that has live work, dead-letters or recent completions.
+-- One row per queue that has live work, dead-letters, recent completions or a pause.
+-- Pending todos are ready (ready_at has come), retrying (a retry time ahead) or
+-- scheduled (a run_at ahead, no retry time).
 WITH pending AS (
     SELECT queue,
-           count(*) FILTER (WHERE next_retry_at IS NULL OR next_retry_at <= now()) AS ready,
-           count(*) FILTER (WHERE next_retry_at > now()) AS retrying,
-           min(created_at) FILTER (WHERE next_retry_at IS NULL OR next_retry_at <= now())
-               AS oldest_ready_at
+           count(*) FILTER (WHERE ready_at <= now()) AS ready,
+           count(*) FILTER (WHERE ready_at > now() AND next_retry_at IS NOT NULL) AS retrying,
+           count(*) FILTER (WHERE ready_at > now() AND next_retry_at IS NULL) AS scheduled,
+           min(created_at) FILTER (WHERE ready_at <= now()) AS oldest_ready_at
     FROM todos WHERE state = 'pending' GROUP BY queue
 ), claimed AS (
     SELECT queue, count(*) AS claimed,
@@ -23,14 +25,17 @@ WITH pending AS (
     GROUP BY queue
 )
 SELECT queue,
-       coalesce(ready, 0) AS ready, coalesce(retrying, 0) AS retrying,
+       coalesce(ready, 0) AS ready, coalesce(scheduled, 0) AS scheduled,
+       coalesce(retrying, 0) AS retrying,
        coalesce(claimed, 0) AS claimed, coalesce(lapsed, 0) AS lapsed,
        coalesce(done_recent, 0) AS done_recent, coalesce(dead, 0) AS dead,
-       oldest_ready_at, extract(epoch FROM now() - oldest_ready_at) AS oldest_ready_age
+       oldest_ready_at, extract(epoch FROM now() - oldest_ready_at) AS oldest_ready_age,
+       p.paused_at, p.actor AS paused_by, p.reason AS paused_reason
 FROM pending
 FULL JOIN claimed USING (queue)
 FULL JOIN dead USING (queue)
 FULL JOIN done USING (queue)
+FULL JOIN queue_pauses p USING (queue)
 ORDER BY queue;
 
 -- name: throughput
@@ -63,15 +68,25 @@ SELECT count(*) FROM todos WHERE lease_expires_at IS NOT NULL;  -- claimed: todo
 SELECT *, now() AS read_at FROM todos WHERE id = :id;
 
 -- name: history
-SELECT at, from_state, to_state, actor_kind, actor, attempt, note
+SELECT at, from_state, to_state, actor_kind, actor, attempt, note, changes
 FROM todo_history WHERE todo_id = :id ORDER BY id;
+
+-- name: queue_pauses
+SELECT * FROM queue_pauses ORDER BY queue;
+
+-- name: queue_history
+-- A queue's pauses and resumes, newest first.
+SELECT at, action, actor_kind, actor, reason FROM queue_history
+WHERE queue = :queue ORDER BY id DESC LIMIT :limit;
 
 -- name: event
 SELECT * FROM events WHERE id = :id;
 
 -- name: dead_letter_ids
--- "Retry all that match": every dead-letter, in :queue when given.
+-- "All that match": every dead-letter, in :queue when given, cancelled or not as
+-- :cancelled says (null: both).
 SELECT id FROM todos WHERE state = 'failed' AND (:queue::text IS NULL OR queue = :queue)
+  AND (:cancelled::bool IS NULL OR (cancelled_at IS NOT NULL) = :cancelled)
 ORDER BY completed_at;
 
 -- name: dead_letter_queues
@@ -80,15 +95,18 @@ SELECT DISTINCT queue FROM todos WHERE state = 'failed' ORDER BY queue;
 
 -- name: list_todos
 -- The queue page and the API list: newest first, keyset-paginated after the todo
--- (:before_at, :before_id). Every filter may be null, meaning any. :due picks the two
--- faces of pending (true: ready, false: retrying). Reads plans this statement for each
+-- (:before_at, :before_id). Every filter may be null, meaning any. :face picks one face
+-- of pending: ready, retrying or scheduled. Reads plans this statement for each
 -- call's values (a custom plan), so the null filters fold away and the planner picks
 -- the index that fits the rest; a generic plan could not know which one that is.
 SELECT *, now() AS read_at FROM todos
 WHERE (:queue::text IS NULL OR queue = :queue)
   AND (:queues::text[] IS NULL OR queue = ANY (:queues))
   AND (:state::todo_state IS NULL OR state = :state)
-  AND (:due::bool IS NULL OR (next_retry_at IS NULL OR next_retry_at <= now()) = :due)
+  AND (:face::text IS NULL
+       OR (:face = 'ready' AND ready_at <= now())
+       OR (:face = 'retrying' AND ready_at > now() AND next_retry_at IS NOT NULL)
+       OR (:face = 'scheduled' AND ready_at > now() AND next_retry_at IS NULL))
   AND (:assignee::text IS NULL OR assignee = :assignee)
   AND (:owner::text IS NULL OR owner = :owner)
   AND (:kind::text IS NULL OR kind = :kind)
@@ -97,12 +115,33 @@ WHERE (:queue::text IS NULL OR queue = :queue)
 ORDER BY created_at DESC, id DESC
 LIMIT :limit;
 
+-- name: matching_ids
+-- A bulk action's "all matching this filter": the ids list_todos would page through, with
+-- the same filter (kept identical to it; tests/test_web_control.py compares them), up
+-- to :limit, oldest first. Planned for the call's values, as list_todos is.
+SELECT id FROM todos
+WHERE (:queue::text IS NULL OR queue = :queue)
+  AND (:queues::text[] IS NULL OR queue = ANY (:queues))
+  AND (:state::todo_state IS NULL OR state = :state)
+  AND (:face::text IS NULL
+       OR (:face = 'ready' AND ready_at <= now())
+       OR (:face = 'retrying' AND ready_at > now() AND next_retry_at IS NOT NULL)
+       OR (:face = 'scheduled' AND ready_at > now() AND next_retry_at IS NULL))
+  AND (:assignee::text IS NULL OR assignee = :assignee)
+  AND (:owner::text IS NULL OR owner = :owner)
+  AND (:kind::text IS NULL OR kind = :kind)
+  AND (:search::text IS NULL OR id = :search OR idempotency_key = :search OR title ILIKE :search_like)
+ORDER BY created_at, id
+LIMIT :limit;
+
 -- name: list_dead_letters
 -- The dead-letters page: newest death first, keyset-paginated after (:before_at,
--- :before_id), in :queue when given (todos_dead holds queue, so it filters in the index).
+-- :before_id), in :queue when given (todos_dead holds queue, so it filters in the index);
+-- :cancelled true: only cancelled ones, false: only those that died, null: both.
 SELECT *, now() AS read_at FROM todos
 WHERE state = 'failed'
   AND (:queue::text IS NULL OR queue = :queue)
+  AND (:cancelled::bool IS NULL OR (cancelled_at IS NOT NULL) = :cancelled)
   AND (:before_at::timestamptz IS NULL OR (completed_at, id) < (:before_at, :before_id::text))
 ORDER BY completed_at DESC, id DESC
 LIMIT :limit;

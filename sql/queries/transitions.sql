@@ -14,16 +14,24 @@
 -- created; payloads arrive as JSON text (the store encodes each once, when it checks it).
 -- Items arrive sorted by (queue, idempotency_key), so concurrent batches lock live rows
 -- in one order. :dedupe_hits counts each item's extra duplicates within the batch.
+-- A todo is ready at once, or at its :run_ats (a past time: at once), or :delays seconds
+-- from now, on the database's clock.
 WITH upserted AS (
     INSERT INTO todos AS t (id, queue, source, kind, title, payload, idempotency_key,
-                            assignee, max_attempts, event_id, dedupe_hits)
+                            assignee, max_attempts, event_id, dedupe_hits, priority,
+                            ready_at, assignee_until)
     SELECT id, queue, source, kind, title, payload::jsonb, idempotency_key, assignee,
-           max_attempts, event_id, dedupe_hits
+           max_attempts, event_id, dedupe_hits, priority,
+           CASE WHEN run_at IS NOT NULL THEN greatest(run_at, clock_timestamp())
+                ELSE clock_timestamp() + make_interval(secs => coalesce(delay, 0)) END,
+           assignee_until
     FROM unnest(:ids::text[], :queues::text[], :sources::text[], :kinds::text[], :titles::text[],
                 :payloads::text[], :idempotency_keys::text[], :assignees::text[],
-                :max_attempts::int[], :event_ids::text[], :dedupe_hits::int[])
+                :max_attempts::int[], :event_ids::text[], :dedupe_hits::int[],
+                :priorities::int[], :run_ats::timestamptz[], :delays::float8[],
+                :assignee_untils::timestamptz[])
          AS i(id, queue, source, kind, title, payload, idempotency_key, assignee,
-              max_attempts, event_id, dedupe_hits)
+              max_attempts, event_id, dedupe_hits, priority, run_at, delay, assignee_until)
     ON CONFLICT (queue, idempotency_key)
         WHERE idempotency_key IS NOT NULL AND state NOT IN ('done', 'failed')
         DO UPDATE SET dedupe_hits = t.dedupe_hits + 1 + excluded.dedupe_hits,
@@ -45,21 +53,48 @@ SELECT id, source, kind, payload::jsonb
 FROM unnest(:ids::text[], :sources::text[], :kinds::text[], :payloads::text[]) AS e(id, source, kind, payload);
 
 -- name: claim_batch
--- Claim up to :n of the longest-ready claimable todos in :queues for :owner, with a lease
--- of :ttl seconds (claim_next is a batch of one). Rows come back in claim order.
--- The scan starts at ready_at :after, where this claimer's last claim ended (the store's
--- ClaimCursors; null scans from the oldest), so it does not step over the entries
--- of everything claimed before it (migration 0007). A todo is claimable once its
--- ready_at has come; statement_timestamp(), not now(), so that a todo created earlier in
--- the caller's own transaction counts.
+-- Claim up to :n claimable todos in :queues for :owner, with a lease of :ttl seconds
+-- (claim_next is a batch of one): the highest priority first, the longest ready first
+-- within it. Rows come back in claim order.
+-- Paused queues are left out (`open`). A todo is claimable once its ready_at has come
+-- (statement_timestamp(), not now(), so that a todo created earlier in the caller's own
+-- transaction counts), and when it is not assigned to someone else, or its assignee's
+-- time (assignee_until) is up.
+-- The scan starts where this claimer's last claim ended (the store's ClaimCursors):
+-- priority level :rank (-priority) at ready_at :after, so it does not step over the
+-- entries of everything claimed before it (migrations 0007, 0008). `higher` takes a todo
+-- of a higher priority that became ready since, from the oldest of those levels; `same`
+-- goes on from the position; `lower` takes the levels below, each from its oldest. A scan
+-- from the oldest is rank -10, after null: `same` and `lower` then cover every level.
+-- Each branch claims only what the ones before left of :n, and is skipped at 0.
 -- The `id = ANY (ARRAY (…))` form keeps the row lookups on the primary key in generic plans.
-WITH picked AS (
+WITH open AS (
+    SELECT array(SELECT q FROM unnest(:queues::text[]) AS q
+                 WHERE NOT EXISTS (SELECT FROM queue_pauses p WHERE p.queue = q)) AS queues
+), higher AS (
     SELECT id FROM todos
-    WHERE state = 'pending' AND queue = ANY (:queues::text[])
-      AND ready_at >= coalesce(:after::timestamptz, '-infinity') AND ready_at <= statement_timestamp()
-      AND (assignee IS NULL OR assignee = :owner)
-    ORDER BY ready_at
+    WHERE state = 'pending' AND queue = ANY ((SELECT queues FROM open)::text[])
+      AND -priority < :rank::int AND ready_at <= statement_timestamp()
+      AND (assignee IS NULL OR assignee = :owner OR assignee_until <= statement_timestamp())
+    ORDER BY -priority, ready_at
     LIMIT :n
+    FOR UPDATE SKIP LOCKED
+), same AS (
+    SELECT id FROM todos
+    WHERE state = 'pending' AND queue = ANY ((SELECT queues FROM open)::text[])
+      AND -priority = :rank::int
+      AND ready_at >= coalesce(:after::timestamptz, '-infinity') AND ready_at <= statement_timestamp()
+      AND (assignee IS NULL OR assignee = :owner OR assignee_until <= statement_timestamp())
+    ORDER BY -priority, ready_at
+    LIMIT :n - (SELECT count(*) FROM higher)
+    FOR UPDATE SKIP LOCKED
+), lower AS (
+    SELECT id FROM todos
+    WHERE state = 'pending' AND queue = ANY ((SELECT queues FROM open)::text[])
+      AND -priority > :rank::int AND ready_at <= statement_timestamp()
+      AND (assignee IS NULL OR assignee = :owner OR assignee_until <= statement_timestamp())
+    ORDER BY -priority, ready_at
+    LIMIT :n - (SELECT count(*) FROM higher) - (SELECT count(*) FROM same)
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE todos t
@@ -68,13 +103,14 @@ WITH picked AS (
         lease_expires_at = clock_timestamp() + make_interval(secs => :ttl),
         claimed_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
         updated_at = clock_timestamp()
-    WHERE t.id = ANY (ARRAY (SELECT id FROM picked))
+    WHERE t.id = ANY (ARRAY (SELECT id FROM higher UNION ALL SELECT id FROM same
+                             UNION ALL SELECT id FROM lower))
     RETURNING t.*
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
     SELECT id, 'pending', 'claimed', 'agent', :owner, attempt, 'claimed' FROM claimed
 )
-SELECT * FROM claimed ORDER BY ready_at;
+SELECT * FROM claimed ORDER BY -priority, ready_at;
 
 -- name: complete
 -- :owner completes todo :id (lease :lease) with :result (JSON text, or null).
@@ -122,8 +158,9 @@ SELECT * FROM completed;
 
 -- name: complete_and_claim_next
 -- The busy worker's statement: complete todo :id as `complete` does, then — only if it
--- completed — claim the next claimable todo in :queues from :after as `claim_batch`
--- does, in one round trip and one commit. Rows come back tagged 'completed', then 'claimed'.
+-- completed — claim the next claimable todo in :queues from (:rank, :after) as
+-- `claim_batch` does, in one round trip and one commit. Rows come back tagged
+-- 'completed', then 'claimed'.
 WITH completed AS (
     UPDATE todos
     SET state = 'done', result = :result::text::jsonb, lease_expires_at = NULL, heartbeat_at = NULL,
@@ -131,14 +168,36 @@ WITH completed AS (
     WHERE id = :id AND state = 'claimed' AND owner = :owner AND lease_token = :lease
       AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
     RETURNING *
-), picked AS (
+), open AS (
+    SELECT array(SELECT q FROM unnest(:queues::text[]) AS q
+                 WHERE NOT EXISTS (SELECT FROM queue_pauses p WHERE p.queue = q)) AS queues
+), higher AS (
     SELECT id FROM todos
-    WHERE state = 'pending' AND queue = ANY (:queues::text[])
-      AND ready_at >= coalesce(:after::timestamptz, '-infinity') AND ready_at <= statement_timestamp()
-      AND (assignee IS NULL OR assignee = :owner)
+    WHERE state = 'pending' AND queue = ANY ((SELECT queues FROM open)::text[])
+      AND -priority < :rank::int AND ready_at <= statement_timestamp()
+      AND (assignee IS NULL OR assignee = :owner OR assignee_until <= statement_timestamp())
       AND EXISTS (SELECT FROM completed)
-    ORDER BY ready_at
+    ORDER BY -priority, ready_at
     LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), same AS (
+    SELECT id FROM todos
+    WHERE state = 'pending' AND queue = ANY ((SELECT queues FROM open)::text[])
+      AND -priority = :rank::int
+      AND ready_at >= coalesce(:after::timestamptz, '-infinity') AND ready_at <= statement_timestamp()
+      AND (assignee IS NULL OR assignee = :owner OR assignee_until <= statement_timestamp())
+      AND EXISTS (SELECT FROM completed)
+    ORDER BY -priority, ready_at
+    LIMIT 1 - (SELECT count(*) FROM higher)
+    FOR UPDATE SKIP LOCKED
+), lower AS (
+    SELECT id FROM todos
+    WHERE state = 'pending' AND queue = ANY ((SELECT queues FROM open)::text[])
+      AND -priority > :rank::int AND ready_at <= statement_timestamp()
+      AND (assignee IS NULL OR assignee = :owner OR assignee_until <= statement_timestamp())
+      AND EXISTS (SELECT FROM completed)
+    ORDER BY -priority, ready_at
+    LIMIT 1 - (SELECT count(*) FROM higher) - (SELECT count(*) FROM same)
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE todos t
@@ -147,7 +206,8 @@ WITH completed AS (
         lease_expires_at = clock_timestamp() + make_interval(secs => :ttl),
         claimed_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
         updated_at = clock_timestamp()
-    WHERE t.id = ANY (ARRAY (SELECT id FROM picked))
+    WHERE t.id = ANY (ARRAY (SELECT id FROM higher UNION ALL SELECT id FROM same
+                             UNION ALL SELECT id FROM lower))
     RETURNING t.*
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
@@ -161,8 +221,8 @@ UNION ALL
 SELECT 'claimed' AS part, * FROM claimed;
 
 -- name: claim
--- Claim todo :id for :owner with a lease of :ttl seconds, if it is due and not assigned
--- to someone else. The guard compares state::text so that no plan can take the pending
+-- Claim todo :id for :owner with a lease of :ttl seconds, if it is due, not assigned
+-- to someone else (or its assignee's time is up) and its queue is not paused. The guard compares state::text so that no plan can take the pending
 -- indexes instead of the primary key: when few todos are pending, a generic plan found
 -- them as cheap, and then walked every dead entry in them while vacuum was held back.
 WITH claimed AS (
@@ -173,8 +233,9 @@ WITH claimed AS (
         claimed_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
         updated_at = clock_timestamp()
     WHERE id = :id AND state::text = 'pending' AND ready_at <= statement_timestamp()
-      AND (assignee IS NULL OR assignee = :owner)
+      AND (assignee IS NULL OR assignee = :owner OR assignee_until <= statement_timestamp())
       AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
+      AND NOT EXISTS (SELECT FROM queue_pauses p WHERE p.queue = todos.queue)
     RETURNING *
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
@@ -296,14 +357,49 @@ SELECT count(*)::int AS promoted, coalesce(array_agg(DISTINCT queue), '{}') AS q
 -- Operator (:actor_kind, :actor) retries dead-lettered todo :id: a fresh budget (attempt 0) unless
 -- :one_more (one more attempt: max_attempts raised by one). Raises unique_violation when
 -- a live todo already holds the key; the store turns that into a Conflict naming it.
+-- A cancellation is cleared (its history row stays).
 WITH retried AS (
     UPDATE todos
     SET state = 'pending', owner = NULL, completed_at = NULL, next_retry_at = NULL,
-        ready_at = clock_timestamp(),
+        ready_at = clock_timestamp(), cancelled_at = NULL, cancelled_by_kind = NULL,
+        cancelled_by = NULL, cancel_reason = NULL,
         attempt = CASE WHEN :one_more THEN attempt ELSE 0 END,
         max_attempts = CASE WHEN :one_more THEN attempt + 1 ELSE max_attempts END,
         updated_at = clock_timestamp()
     WHERE id = :id AND state = 'failed'
+    RETURNING *
+), logged AS (
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
+    SELECT id, 'failed', 'pending', :actor_kind, :actor, attempt,
+           CASE WHEN :one_more THEN 'retried by operator: one more attempt'
+                ELSE 'retried by operator: fresh budget' END
+    FROM retried
+)
+SELECT * FROM retried;
+
+-- name: retry_many
+-- retry for many dead-letters :ids in one statement. A dead todo whose idempotency key a
+-- live todo holds is left dead, and of several with one key only the newest is retried
+-- (the dedupe index allows one live todo per key). A concurrent create of the same key
+-- can still raise unique_violation: the store then retries them one by one.
+WITH candidates AS (
+    SELECT DISTINCT ON (d.queue, coalesce(d.idempotency_key, d.id)) d.id
+    FROM todos d
+    WHERE d.id = ANY (:ids::text[]) AND d.state = 'failed'
+      AND (d.idempotency_key IS NULL OR NOT EXISTS (
+               SELECT FROM todos live
+               WHERE live.queue = d.queue AND live.idempotency_key = d.idempotency_key
+                 AND live.state NOT IN ('done', 'failed')))
+    ORDER BY d.queue, coalesce(d.idempotency_key, d.id), d.completed_at DESC
+), retried AS (
+    UPDATE todos
+    SET state = 'pending', owner = NULL, completed_at = NULL, next_retry_at = NULL,
+        ready_at = clock_timestamp(), cancelled_at = NULL, cancelled_by_kind = NULL,
+        cancelled_by = NULL, cancel_reason = NULL,
+        attempt = CASE WHEN :one_more THEN attempt ELSE 0 END,
+        max_attempts = CASE WHEN :one_more THEN attempt + 1 ELSE max_attempts END,
+        updated_at = clock_timestamp()
+    WHERE id = ANY (ARRAY (SELECT id FROM candidates)) AND state = 'failed'
     RETURNING *
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
@@ -334,8 +430,11 @@ SELECT * FROM updated;
 
 -- name: classify_miss
 -- Why a guarded transition on todo :id matched nothing.
-SELECT queue, state, owner, assignee, lease_token, next_retry_at, now() AS now
-FROM todos WHERE id = :id;
+SELECT t.queue, t.state, t.owner, t.assignee, t.assignee_until, t.lease_token, t.next_retry_at,
+       t.ready_at, t.cancelled_at, t.cancelled_by_kind, t.cancelled_by, t.cancel_reason,
+       p.paused_at, p.reason AS paused_reason, now() AS now
+FROM todos t LEFT JOIN queue_pauses p ON p.queue = t.queue
+WHERE t.id = :id;
 
 -- name: live_todo_with_key
 -- Why a retry of todo :id broke the dedupe index: the live todo that holds its key.
@@ -344,6 +443,138 @@ FROM todos d
 LEFT JOIN todos live ON live.queue = d.queue AND live.idempotency_key = d.idempotency_key
                     AND live.state NOT IN ('done', 'failed')
 WHERE d.id = :id;
+
+-- name: cancel_many
+-- (:actor_kind, :actor) cancels the todos :ids that are pending or claimed, for :reason:
+-- each is dead-lettered (failed) with the cancellation recorded. A claimed todo keeps its
+-- owner and lease token, so its holder's next heartbeat or ack is told it was cancelled.
+-- :scope, when not null, is a producer's token's queues. Rows it does not change (gone,
+-- finished meanwhile) are left alone and not locked.
+WITH held AS (
+    SELECT id, state FROM todos
+    WHERE id = ANY (:ids::text[]) AND state IN ('pending', 'claimed')
+      AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
+    FOR UPDATE
+), cancelled AS (
+    UPDATE todos t
+    SET state = 'failed', lease_expires_at = NULL, heartbeat_at = NULL, next_retry_at = NULL,
+        completed_at = clock_timestamp(), updated_at = clock_timestamp(),
+        cancelled_at = clock_timestamp(), cancelled_by_kind = :actor_kind, cancelled_by = :actor,
+        cancel_reason = :reason
+    FROM held h
+    WHERE t.id = ANY (ARRAY (SELECT id FROM held)) AND t.id = h.id
+    RETURNING t.*, h.state AS was
+), logged AS (
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
+    SELECT id, was, 'failed', :actor_kind, :actor, attempt,
+           'cancelled' || coalesce(': ' || :reason, '')
+    FROM cancelled
+)
+SELECT * FROM cancelled;
+
+-- name: run_now_many
+-- (:actor_kind, :actor) makes the scheduled or retrying todos among :ids claimable now.
+-- ready_at becomes now, so the todo takes its place at the back of its priority level.
+WITH due AS (
+    UPDATE todos
+    SET ready_at = clock_timestamp(), next_retry_at = NULL, updated_at = clock_timestamp()
+    WHERE id = ANY (:ids::text[]) AND state = 'pending' AND ready_at > clock_timestamp()
+      AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
+    RETURNING *
+), logged AS (
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
+    SELECT id, 'pending', 'pending', :actor_kind, :actor, attempt, 'run now' FROM due
+)
+SELECT * FROM due;
+
+-- name: set_many
+-- (:actor_kind, :actor) sets the priority (:priority, when not null) and/or the assignee
+-- (:set_assignee: to :assignee, null for none; assignee_until is cleared) of those of
+-- :ids that are pending or dead-lettered, and differ. The history row says what changed.
+WITH held AS (
+    SELECT id, priority, assignee FROM todos
+    WHERE id = ANY (:ids::text[]) AND state IN ('pending', 'failed')
+      AND (:priority::int IS NULL OR priority <> :priority::int
+           OR (:set_assignee AND assignee IS DISTINCT FROM :assignee::text))
+      AND (:priority::int IS NOT NULL OR (:set_assignee AND assignee IS DISTINCT FROM :assignee::text))
+      AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
+    FOR UPDATE
+), changed AS (
+    UPDATE todos t
+    SET priority = coalesce(:priority::int, t.priority),
+        assignee = CASE WHEN :set_assignee THEN :assignee::text ELSE t.assignee END,
+        assignee_until = CASE WHEN :set_assignee THEN NULL ELSE t.assignee_until END,
+        updated_at = clock_timestamp()
+    FROM held h
+    WHERE t.id = ANY (ARRAY (SELECT id FROM held)) AND t.id = h.id
+    RETURNING t.*, jsonb_strip_nulls(jsonb_build_object(
+        'priority', CASE WHEN t.priority <> h.priority THEN jsonb_build_array(h.priority, t.priority) END,
+        'assignee', CASE WHEN t.assignee IS DISTINCT FROM h.assignee
+                         THEN jsonb_build_array(h.assignee, t.assignee) END)) AS changes
+), logged AS (
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note, changes)
+    SELECT id, state, state, :actor_kind, :actor, attempt, 'edited', changes FROM changed
+)
+SELECT * FROM changed;
+
+-- name: edit
+-- (:actor_kind, :actor) edits pending or dead-lettered todo :id, as last read at
+-- :updated_at (a todo changed meanwhile is refused: the caller read it to say what
+-- changed). Each value is the todo's new one (the store passes the unchanged ones as
+-- they were); :run_at (pending only) makes ready_at that time, or now if it has passed.
+-- :changes and :note say what changed, for the history row.
+WITH edited AS (
+    UPDATE todos
+    SET title = :title, kind = :kind, payload = :payload::text::jsonb, assignee = :assignee,
+        assignee_until = :assignee_until, max_attempts = :max_attempts, priority = :priority,
+        ready_at = CASE WHEN state = 'pending' AND :run_at::timestamptz IS NOT NULL
+                        THEN greatest(:run_at::timestamptz, clock_timestamp()) ELSE ready_at END,
+        next_retry_at = CASE WHEN state = 'pending' AND :run_at::timestamptz IS NOT NULL
+                             THEN NULL ELSE next_retry_at END,
+        updated_at = clock_timestamp()
+    WHERE id = :id AND state IN ('pending', 'failed') AND updated_at = :updated_at
+      AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
+    RETURNING *
+), logged AS (
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note, changes)
+    SELECT id, state, state, :actor_kind, :actor, attempt, :note, :changes::text::jsonb FROM edited
+)
+SELECT * FROM edited;
+
+-- name: pause_queue
+-- (:actor_kind, :actor) pauses :queue for :reason. Pausing a paused queue changes nothing
+-- (and comes back empty).
+WITH paused AS (
+    INSERT INTO queue_pauses (queue, actor_kind, actor, reason)
+    VALUES (:queue, :actor_kind, :actor, :reason)
+    ON CONFLICT (queue) DO NOTHING
+    RETURNING *
+), logged AS (
+    INSERT INTO queue_history (queue, action, actor_kind, actor, reason)
+    SELECT queue, 'paused', actor_kind, actor, reason FROM paused
+)
+SELECT * FROM paused;
+
+-- name: resume_queue
+-- (:actor_kind, :actor) resumes :queue. Resuming a queue that is not paused changes
+-- nothing (and comes back empty).
+WITH resumed AS (
+    DELETE FROM queue_pauses WHERE queue = :queue RETURNING queue
+), logged AS (
+    INSERT INTO queue_history (queue, action, actor_kind, actor, reason)
+    SELECT queue, 'resumed', :actor_kind, :actor, :reason FROM resumed
+)
+SELECT * FROM resumed;
+
+-- name: queue_pause
+SELECT * FROM queue_pauses WHERE queue = :queue;
+
+-- name: todo_for_edit
+SELECT * FROM todos WHERE id = :id;
+
+-- name: states_of
+-- What became of the todos a bulk action skipped: how many are in each state.
+SELECT state::text, count(*)::int AS n FROM todos WHERE id = ANY (:ids::text[]) GROUP BY state;
 
 -- name: prune_finished
 -- Delete up to :batch finished todos (done or dead) that finished more than
