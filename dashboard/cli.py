@@ -1,4 +1,4 @@
-"""The `switchboard` command: up, serve, migrate, reap, enqueue, worker, operator, token."""
+"""The `switchboard` command: up, serve, migrate, reap, enqueue, worker, operator, token, queue, todo."""
 
 from __future__ import annotations
 
@@ -64,7 +64,59 @@ def parser() -> argparse.ArgumentParser:
     enq.add_argument("--key", dest="idempotency_key", help="idempotency key")
     enq.add_argument("--assignee")
     enq.add_argument("--max-attempts", type=int, default=5)
+    enq.add_argument("--priority", default="0", help="-10 to 10; higher is claimed first (default 0)")
+    enq.add_argument("--run-at", help="not claimable before this time (ISO 8601 with a zone)")
+    enq.add_argument("--delay", help="not claimable for this many seconds")
+    enq.add_argument("--assignee-until", help="after this time (ISO 8601 with a zone) any agent may claim it")
     enq.set_defaults(run=cmd_enqueue)
+
+    def acting(cmd: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        cmd.add_argument(
+            "--as",
+            dest="actor",
+            metavar="NAME",
+            default="cli",
+            help="the operator's name the history records (default cli)",
+        )
+        return cmd
+
+    queue = sub.add_parser("queue", help="pause and resume queues").add_subparsers(
+        dest="action", required=True
+    )
+    qpause = acting(queue.add_parser("pause", help="claims skip the queue until it is resumed"))
+    qpause.add_argument("name")
+    qpause.add_argument("--reason")
+    qpause.set_defaults(run=cmd_queue_pause)
+    qresume = acting(queue.add_parser("resume", help="claims take from the queue again"))
+    qresume.add_argument("name")
+    qresume.add_argument("--reason")
+    qresume.set_defaults(run=cmd_queue_resume)
+    queue.add_parser("paused", help="list the paused queues (as JSON)").set_defaults(run=cmd_queue_paused)
+
+    todo = sub.add_parser("todo", help="cancel, run now or edit a todo").add_subparsers(
+        dest="action", required=True
+    )
+    tcancel = acting(todo.add_parser("cancel", help="dead-letter a pending or claimed todo as cancelled"))
+    tcancel.add_argument("id")
+    tcancel.add_argument("--reason")
+    tcancel.set_defaults(run=cmd_todo_cancel)
+    trun = acting(todo.add_parser("run-now", help="make a scheduled or retrying todo claimable now"))
+    trun.add_argument("id")
+    trun.set_defaults(run=cmd_todo_run_now)
+    tedit = acting(
+        todo.add_parser("edit", help="change a pending or dead todo (the fields given; never while claimed)")
+    )
+    tedit.add_argument("id")
+    tedit.add_argument("--title")
+    tedit.add_argument("--kind", help='"" clears it')
+    tedit.add_argument("--payload", help="a JSON object (replaces the payload)")
+    tedit.add_argument("--assignee", help='"" clears it')
+    tedit.add_argument("--assignee-until", help='ISO 8601 with a zone; "" clears it')
+    tedit.add_argument("--priority", help="-10 to 10")
+    tedit.add_argument("--max-attempts")
+    tedit.add_argument("--run-at", help="reschedule a pending todo (ISO 8601 with a zone)")
+    tedit.add_argument("--retry", action="store_true", help="retry the dead todo too, in the same step")
+    tedit.set_defaults(run=cmd_todo_edit)
 
     worker = sub.add_parser("worker", help="claim todos over HTTP and run a command for each")
     worker.add_argument("--queue", action="append", required=True, help="repeat for several")
@@ -112,6 +164,37 @@ def batch_size(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= MAX_HTTP_BATCH:
         raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_HTTP_BATCH}")
     return int(text)
+
+
+def number(text: str | None, kind: type[int] | type[float]):
+    """A command-line number as `kind`; text that is not one goes to the store as it is,
+    which refuses it saying what the value must be (one message for the CLI and the API)."""
+    if text is None:
+        return None
+    try:
+        return kind(text)
+    except ValueError:
+        return text
+
+
+def json_object(text: str, field: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(field, f"is not JSON: {exc}") from None
+
+
+def print_json(value) -> None:
+    import msgspec
+
+    print(msgspec.json.format(msgspec.json.encode(value)).decode())
+
+
+def operator(args):
+    """The operator a queue or todo command acts as (--as)."""
+    from dashboard.models import Actor
+
+    return Actor("operator", args.actor)
 
 
 def with_database(fn):
@@ -177,15 +260,10 @@ async def cmd_reap(db, args) -> int:
 
 @with_database
 async def cmd_enqueue(db, args) -> int:
-    import msgspec
-
     from dashboard.models import Actor, NewTodo
     from dashboard.store import Store
 
-    try:
-        payload = json.loads(args.payload)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput("payload", f"is not JSON: {exc}") from None
+    payload = json_object(args.payload, "payload")
     item = NewTodo(
         queue=args.queue,
         title=args.title,
@@ -195,9 +273,79 @@ async def cmd_enqueue(db, args) -> int:
         idempotency_key=args.idempotency_key,
         assignee=args.assignee,
         max_attempts=args.max_attempts,
+        priority=number(args.priority, int),
+        run_at=args.run_at,
+        delay=number(args.delay, float),
+        assignee_until=args.assignee_until,
     )
     created = await Store(db.pool).create(item, actor=Actor("producer", "cli"))
-    print(msgspec.json.format(msgspec.json.encode(created)).decode())
+    print_json(created)
+    return 0
+
+
+@with_database
+async def cmd_queue_pause(db, args) -> int:
+    from dashboard.store import Store
+
+    print_json(await Store(db.pool).pause(args.name, operator(args), args.reason))
+    return 0
+
+
+@with_database
+async def cmd_queue_resume(db, args) -> int:
+    from dashboard.store import Store
+
+    resumed = await Store(db.pool).resume(args.name, operator(args), args.reason)
+    print_json({"queue": args.name, "resumed": resumed})
+    return 0
+
+
+@with_database
+async def cmd_queue_paused(db, args) -> int:
+    from dashboard.reads import Reads
+
+    print_json(await Reads(db.pool).paused_queues())
+    return 0
+
+
+@with_database
+async def cmd_todo_cancel(db, args) -> int:
+    from dashboard.store import Store
+
+    print_json(await Store(db.pool).cancel(args.id, operator(args), args.reason))
+    return 0
+
+
+@with_database
+async def cmd_todo_run_now(db, args) -> int:
+    from dashboard.store import Store
+
+    print_json(await Store(db.pool).run_now(args.id, operator(args)))
+    return 0
+
+
+@with_database
+async def cmd_todo_edit(db, args) -> int:
+    from dashboard.models import TodoEdit
+    from dashboard.store import Store
+
+    given = {
+        "title": args.title,
+        "kind": args.kind,
+        "assignee": args.assignee,
+        "assignee_until": args.assignee_until,
+        "priority": number(args.priority, int),
+        "max_attempts": number(args.max_attempts, int),
+        "run_at": args.run_at,
+    }
+    fields = {name: value for name, value in given.items() if value is not None}
+    for clearable in ("kind", "assignee", "assignee_until"):
+        if fields.get(clearable) == "":
+            fields[clearable] = None
+    if args.payload is not None:
+        fields["payload"] = json_object(args.payload, "payload")
+    todo = await Store(db.pool).edit(args.id, operator(args), TodoEdit(**fields), retry=args.retry)
+    print_json(todo)
     return 0
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from litestar import Response, Router, get, post
+from litestar import Response, Router, get, patch, post
 from litestar.di import NamedDependency, Provide
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Example
@@ -16,7 +16,7 @@ from litestar.response import ServerSentEvent
 from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED, HTTP_204_NO_CONTENT
 
 from dashboard.errors import InvalidInput
-from dashboard.models import Ack, Actor, NewTodo, check_queues
+from dashboard.models import Ack, Actor, NewTodo, QueuePause, TodoEdit, check_queues
 from dashboard.reads import LIST_STATES, MAX_PAGE, TodoFilter
 from dashboard.web.auth import Caller, require_agent
 from dashboard.web.errors import problem_of
@@ -24,6 +24,7 @@ from dashboard.web.live import channel_stream, claim_waiting
 from dashboard.web.schemas import (
     BAD_INPUT,
     MAX_HTTP_BATCH,
+    ON_QUEUE,
     ON_TODO,
     AckOut,
     AcksIn,
@@ -36,10 +37,13 @@ from dashboard.web.schemas import (
     CompleteIn,
     CompleteOut,
     CreatedOut,
+    EmptyIn,
     FailIn,
     FailOut,
     HeartbeatIn,
+    ReasonIn,
     ReleaseIn,
+    ResumedOut,
     TodoDetailOut,
     TodoOut,
     TodoPage,
@@ -247,6 +251,105 @@ async def channels(
     return ServerSentEvent(channel_stream(known.hub, known.accounts, names, caller.scope))
 
 
+# -- queue control (DESIGN.md "Queue control"): within the token's queues, recorded as the agent
+
+
+def _agent(caller: Caller) -> Actor:
+    return Actor("agent", caller.name)
+
+
+@post(
+    "/queues/{queue:str}/pause",
+    status_code=HTTP_200_OK,
+    summary="Pause a queue: claims skip it until it is resumed",
+    description="Claims from the queue (by id too: 409) stop until it is resumed; enqueue, "
+    "heartbeats and acks go on, and todos already claimed stay claimed. Answers the pause: who "
+    "paused it, when and why. Pausing a paused queue changes nothing and answers the first pause. "
+    "The body (`reason`) may be left out.",
+    responses=ON_QUEUE,
+)
+async def pause_queue(
+    queue: FromPath[str], caller: NamedDependency[Caller], data: JSONBody[ReasonIn | None] = None
+) -> QueuePause:
+    reason = data.reason if data else None
+    return await caller.store.pause(queue, _agent(caller), reason, scope=caller.scope)
+
+
+@post(
+    "/queues/{queue:str}/resume",
+    status_code=HTTP_200_OK,
+    summary="Resume a paused queue: claims take from it again",
+    description="Claimers waiting on the queue (long-poll claims, channels) are woken at once. "
+    "`resumed` is false when the queue was not paused (nothing changed). The body (`reason`) "
+    "may be left out.",
+    responses=ON_QUEUE,
+)
+async def resume_queue(
+    queue: FromPath[str], caller: NamedDependency[Caller], data: JSONBody[ReasonIn | None] = None
+) -> ResumedOut:
+    reason = data.reason if data else None
+    resumed = await caller.store.resume(queue, _agent(caller), reason, scope=caller.scope)
+    return ResumedOut(queue=queue, resumed=resumed)
+
+
+@post(
+    "/todos/{todo_id:str}/cancel",
+    status_code=HTTP_200_OK,
+    summary="Cancel a pending or claimed todo",
+    description="The todo is dead-lettered (`failed`) as cancelled: `cancelled_at`, `cancelled_by` "
+    "and `cancel_reason` say who, when and why. A claimed todo's holder gets a 409 with problem "
+    "type `/problems/cancelled` at its next heartbeat, complete, fail or release, and nothing it "
+    "sends is stored. A done or failed todo answers 409. It can be retried like any dead-letter. "
+    "The body (`reason`) may be left out.",
+    responses=ON_TODO,
+)
+async def cancel(
+    todo_id: FromPath[str], caller: NamedDependency[Caller], data: JSONBody[ReasonIn | None] = None
+) -> TodoOut:
+    reason = data.reason if data else None
+    return TodoOut.of(await caller.store.cancel(todo_id, _agent(caller), reason, scope=caller.scope))
+
+
+@post(
+    "/todos/{todo_id:str}/run-now",
+    status_code=HTTP_200_OK,
+    summary="Make a scheduled or retrying todo claimable now",
+    description="A pending todo waiting for its `run_at` or for its next retry becomes ready at "
+    "once (its claimers are woken). A todo that is already ready, or not pending, answers 409. "
+    "The body may be left out (or `{}`).",
+    responses=ON_TODO,
+)
+async def run_now(
+    todo_id: FromPath[str], caller: NamedDependency[Caller], data: JSONBody[EmptyIn | None] = None
+) -> TodoOut:
+    return TodoOut.of(await caller.store.run_now(todo_id, _agent(caller), scope=caller.scope))
+
+
+@patch(
+    "/todos/{todo_id:str}",
+    status_code=HTTP_200_OK,
+    summary="Edit a pending or dead todo (with `retry=true`: edit a dead todo and retry it)",
+    description="Sets the fields given, leaving the others as they are: title, kind, payload "
+    "(replaced whole), assignee, assignee_until, max_attempts, priority, and run_at (reschedules "
+    "a pending todo). `kind`, `assignee` and `assignee_until` may be null to clear them. The "
+    "idempotency key cannot be edited (400). A claimed or finished todo answers 409 (cancel or "
+    "release it first). The history entry of the edit lists its `changes` (field: [old, new]; the "
+    "payload as added, removed and changed keys). With `retry=true` a dead todo is retried with a "
+    "fresh attempt budget and edited in one step: both or neither.",
+    responses=ON_TODO,
+)
+async def edit_todo(
+    todo_id: FromPath[str],
+    data: JSONBody[TodoEdit],
+    caller: NamedDependency[Caller],
+    retry: Annotated[
+        bool, QueryParameter(description="also retry the (dead) todo, in the same transaction")
+    ] = False,
+) -> TodoOut:
+    todo = await caller.store.edit(todo_id, _agent(caller), data, retry=retry, scope=caller.scope)
+    return TodoOut.of(todo)
+
+
 router = Router(
     "/api/v1",
     route_handlers=[
@@ -259,6 +362,11 @@ router = Router(
         release,
         complete,
         fail,
+        pause_queue,
+        resume_queue,
+        cancel,
+        run_now,
+        edit_todo,
         get_todo,
         list_todos,
         channels,

@@ -13,7 +13,17 @@ from typing import Annotated, Any
 import msgspec
 from litestar.openapi.datastructures import ResponseSpec
 
-from dashboard.models import MAX_LEASE, MAX_WAIT, QUEUE_NAME, TTL_MAX, TTL_MIN, Created, NewTodo, Todo
+from dashboard.models import (
+    MAX_LEASE,
+    MAX_REASON,
+    MAX_WAIT,
+    QUEUE_NAME,
+    TTL_MAX,
+    TTL_MIN,
+    Created,
+    NewTodo,
+    Todo,
+)
 from dashboard.reads import Event, HistoryEntry
 from dashboard.web.errors import PROBLEM
 
@@ -57,6 +67,11 @@ ON_TODO = {
     **BAD_INPUT,
     404: _problem("No todo with that id"),
     409: _problem("The todo's state, owner or lease does not allow it (says which)"),
+}
+ON_QUEUE = {
+    **BAD_INPUT,
+    403: _problem("The token does not cover the queue named in the path"),
+    422: _problem("Not a queue name, or a reason over its length limit"),
 }
 
 
@@ -201,3 +216,25 @@ class TodoDetailOut(msgspec.Struct):
 class TodoPage(msgspec.Struct):
     items: list[TodoOut]
     next: str | None
+
+
+Reason = Annotated[
+    str | None, _documented("why, in a few words (recorded in the history)", max_length=MAX_REASON)
+]
+
+
+class ReasonIn(msgspec.Struct, forbid_unknown_fields=True):
+    """A body with an optional `reason`; the body itself may be left out."""
+
+    reason: Reason = None
+
+
+class EmptyIn(msgspec.Struct, forbid_unknown_fields=True):
+    """No fields: send `{}` or no body at all."""
+
+
+class ResumedOut(msgspec.Struct):
+    """`resumed` is false when the queue was not paused (nothing changed)."""
+
+    queue: str
+    resumed: bool
