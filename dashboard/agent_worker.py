@@ -7,6 +7,11 @@ acknowledge them together in one POST /api/v1/acks: complete with the command's 
 (JSON), or fail with its exit status and the tail of its stderr. SIGTERM/SIGINT: stop
 claiming, let running commands finish for `grace` seconds, then kill them and release
 their todos.
+
+A todo cancelled while its command runs is learnt at the next heartbeat (a 409 whose
+problem type ends in `/cancelled`): the command's process group (it runs in a session of
+its own, so whatever it started too) gets SIGTERM, then SIGKILL after CANCEL_GRACE
+seconds; the todo is not acknowledged (it is already failed, as cancelled).
 """
 
 from __future__ import annotations
@@ -21,20 +26,29 @@ import sys
 from typing import Any
 
 import httpx
+import psutil
 
 from dashboard.backoff import Backoff
 
 log = logging.getLogger("switchboard.worker")
 STDERR_TAIL = 2000
 GRACE = 10.0
+CANCEL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL for the command of a cancelled todo
 
 
 class ApiError(Exception):
-    """The API refused a request for good (a 4xx): its status and problem detail's text."""
+    """The API refused a request for good (a 4xx): its status, the problem detail's text
+    and the problem details themselves."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, problem: dict | None = None):
         super().__init__(message)
         self.status = status
+        self.problem = problem or {}
+
+    @property
+    def cancelled(self) -> bool:
+        """409 on a todo that was cancelled while we held it: stop working on it."""
+        return self.status == 409 and is_cancellation(self.problem)
 
     @property
     def todo_gone(self) -> bool:
@@ -82,11 +96,13 @@ class CommandWorker:
                 if response.status_code < 400:
                     return response.json()
                 try:
-                    detail = response.json().get("detail")
+                    body = response.json()
                 except ValueError:
-                    detail = response.text
+                    body = None
+                body = body if isinstance(body, dict) else {}
+                detail = body.get("detail", response.text)
                 if response.status_code < 500 and response.status_code != 429:
-                    raise ApiError(response.status_code, f"{response.status_code} on {path}: {detail}")
+                    raise ApiError(response.status_code, f"{response.status_code} on {path}: {detail}", body)
                 problem = f"{response.status_code} {detail}"
             loop = asyncio.get_running_loop()
             if self.stopping.is_set():
@@ -130,10 +146,18 @@ class CommandWorker:
 
     async def process(self, todos: list[dict]) -> None:
         """Run the command for each todo, side by side, each heartbeated until its ack is
-        in; then acknowledge every finished one in one request."""
-        beats = [asyncio.create_task(self.heartbeat(t["id"], t["lease"])) for t in todos]
+        in; then acknowledge every finished one in one request. A heartbeat that finds its
+        todo cancelled settles the todo's `cancelled` future: its command is ended."""
+        loop = asyncio.get_running_loop()
+        cancellations = [loop.create_future() for _ in todos]
+        beats = [
+            asyncio.create_task(self.heartbeat(t["id"], t["lease"], cancelled))
+            for t, cancelled in zip(todos, cancellations, strict=True)
+        ]
         try:
-            outcomes = await asyncio.gather(*(self.execute(todo) for todo in todos))
+            outcomes = await asyncio.gather(
+                *(self.execute(todo, cancelled) for todo, cancelled in zip(todos, cancellations, strict=True))
+            )
             acks = [ack for ack in outcomes if ack is not None]
             if acks:
                 await self.acknowledge(acks)
@@ -141,9 +165,11 @@ class CommandWorker:
             for beat in beats:
                 beat.cancel()
 
-    async def execute(self, todo: dict) -> dict | None:
+    async def execute(self, todo: dict, cancelled: asyncio.Future | None = None) -> dict | None:
         """Run the command on one todo: its ack (complete or fail), or None when stopping
-        killed it (the todo is released)."""
+        killed it (the todo is released) or when `cancelled` came first (its result: a
+        note for the log; the command is ended and the todo left as it is)."""
+        cancelled = cancelled if cancelled is not None else asyncio.get_running_loop().create_future()
         todo_id, lease = todo["id"], todo["lease"]
         log.info("claimed %s (attempt %s): %s", todo_id, todo["attempt"], todo["title"])
         proc = await asyncio.create_subprocess_shell(
@@ -155,16 +181,18 @@ class CommandWorker:
         )
         run = asyncio.create_task(proc.communicate(json.dumps(todo).encode()))
         stop = asyncio.create_task(self.stopping.wait())
-        await asyncio.wait({run, stop}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({run, stop, cancelled}, return_when=asyncio.FIRST_COMPLETED)
         stop.cancel()
-        if not run.done():  # SIGTERM mid-run: give the command its grace period
-            done, _ = await asyncio.wait({run}, timeout=GRACE)
-            if not done:  # the whole process group: a shell may have forked the command
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                await run
-                await self.release(todo_id, lease)
-                return None
+        if not run.done() and not cancelled.done():  # SIGTERM mid-run: give the command its grace
+            await asyncio.wait({run, cancelled}, timeout=GRACE, return_when=asyncio.FIRST_COMPLETED)
+        if not run.done() and cancelled.done():
+            log.warning("%s; ending its command (process group %s)", cancelled.result(), proc.pid)
+            await end_group(proc.pid, run, CANCEL_GRACE)
+            return None
+        if not run.done():  # the grace period is over: the whole process group (a shell may
+            await end_group(proc.pid, run, 0)  # have forked the command)
+            await self.release(todo_id, lease)
+            return None
         stdout, stderr = run.result()
         if proc.returncode == 0:
             return {"id": todo_id, "lease": lease, "complete": {"result": as_result(stdout)}}
@@ -178,7 +206,9 @@ class CommandWorker:
         answer = await self.call("/acks", {"acks": acks})
         for ack, result in zip(acks, answer["results"], strict=True):
             todo_id = ack["id"]
-            if result["status"] != 200:
+            if result["status"] == 409 and is_cancellation(result["problem"]):
+                log.warning("%s; its ack is dropped", cancellation_note(todo_id, result["problem"]))
+            elif result["status"] != 200:
                 log.warning("dropping %s, the ack was refused: %s", todo_id, result["problem"]["detail"])
             elif "complete" in ack:
                 log.info("completed %s", todo_id)
@@ -196,15 +226,70 @@ class CommandWorker:
                 raise
             log.warning("dropping %s, the release was refused: %s", todo_id, exc)
 
-    async def heartbeat(self, todo_id: str, lease: int) -> None:
-        """Every ttl/3, through outages (call retries); stops once the lease is not ours."""
+    async def heartbeat(self, todo_id: str, lease: int, cancelled: asyncio.Future | None = None) -> None:
+        """Every ttl/3, through outages (call retries); stops once the lease is not ours.
+        A refusal saying the todo was cancelled settles `cancelled` with a note for the log."""
         while True:
             await asyncio.sleep(self.ttl / 3)
             try:
                 await self.call(f"/todos/{todo_id}/heartbeat", {"lease": lease, "ttl": self.ttl})
             except ApiError as exc:
+                if exc.cancelled and cancelled is not None:
+                    if not cancelled.done():
+                        cancelled.set_result(cancellation_note(todo_id, exc.problem))
+                    return
                 log.warning("heartbeat for %s refused, no longer heartbeating it: %s", todo_id, exc)
                 return
+
+
+async def end_group(pgid: int, run: asyncio.Task, grace: float) -> None:
+    """End a command's process group: SIGTERM, and SIGKILL to whatever of it still runs
+    after `grace` seconds (no grace: SIGKILL at once); then wait for `run` (its communicate())."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
+    if grace > 0:
+        signal_group(pgid, signal.SIGTERM)
+        await asyncio.wait({run}, timeout=grace)
+        # The command is over, but a member that left its pipes may still be ending (no
+        # event tells when a process group empties: poll it).
+        while group_running(pgid) and loop.time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+    if not run.done() or group_running(pgid):
+        signal_group(pgid, signal.SIGKILL)
+    await run
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def group_running(pgid: int) -> bool:
+    """Whether a process of the group still runs: an exited one its parent has not reaped
+    yet (a zombie, say an orphan waiting for init) does not count."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except (OSError, psutil.Error):
+            continue
+    return False
+
+
+def is_cancellation(problem: dict) -> bool:
+    """Problem details saying the todo was cancelled (type `…/cancelled`)."""
+    return str(problem.get("type", "")).endswith("/cancelled")
+
+
+def cancellation_note(todo_id: str, problem: dict) -> str:
+    """A log line's start, from the problem details: todo X was cancelled by NAME: REASON."""
+    by = problem.get("cancelled_by") or "someone"
+    reason = problem.get("reason")
+    return f"todo {todo_id} was cancelled by {by}" + (f": {reason}" if reason else " (no reason given)")
 
 
 def as_result(stdout: bytes) -> dict[str, Any]:

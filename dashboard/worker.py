@@ -10,6 +10,12 @@ in case a hint never comes), heartbeats while the handler runs, completes with t
 handler's return value and fails with the exception text. On SIGTERM or SIGINT it stops
 claiming, gives running handlers `grace` seconds to finish, then releases what it holds.
 
+A todo cancelled while it runs (an operator's cancel: it is already failed, as cancelled)
+is learnt at the next heartbeat, within ttl/3: the handler's task is cancelled (a coroutine
+handler gets CancelledError at its next await; a plain function cannot be interrupted, it
+runs on in its thread and its return value is dropped), nothing is acked, and the worker
+goes on to its next todo.
+
 Handlers must be idempotent: delivery is at-least-once (a lease that lapses mid-work
 makes the todo claimable again).
 """
@@ -29,7 +35,7 @@ from typing import Any
 
 from dashboard import db as dbmod
 from dashboard.backoff import Backoff
-from dashboard.errors import Conflict, DatabaseUnavailable, NotFound, SwitchboardError
+from dashboard.errors import Cancelled, Conflict, DatabaseUnavailable, NotFound, SwitchboardError
 from dashboard.models import Todo, check_queues, check_ttl
 from dashboard.notify import Hub, Subscription
 from dashboard.store import Store
@@ -124,10 +130,17 @@ class Worker:
         await asyncio.gather(*pending, return_exceptions=True)
 
     async def _process(self, store: Store, todo: Todo) -> None:
+        work = asyncio.create_task(self._call(todo))
         beat = asyncio.create_task(self._heartbeat(store, todo))
         try:
-            result = await self._call(todo)
-        except asyncio.CancelledError:
+            await asyncio.wait({work, beat}, return_when=asyncio.FIRST_COMPLETED)
+            if not work.done() and (cancelled := _cancellation(beat)) is not None:
+                await self._stop_handler(todo, work, cancelled)
+                return
+            result = await work
+        except asyncio.CancelledError:  # stopping, and the grace period is over
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
             with contextlib.suppress(SwitchboardError):
                 await asyncio.shield(store.release(todo.id, self.owner, todo.lease_token))
             raise
@@ -142,6 +155,18 @@ class Worker:
             )
         finally:
             beat.cancel()
+
+    async def _stop_handler(self, todo: Todo, work: asyncio.Task, cancelled: Cancelled) -> None:
+        """The todo was cancelled under the handler: cancel its task and wait for it (up to
+        `grace` seconds: a handler may swallow the cancellation); the todo is not acked."""
+        log.warning("%s; stopping its handler", cancellation_note(todo.id, cancelled))
+        work.cancel()
+        done, _ = await asyncio.wait({work}, timeout=self.grace)
+        if not done:
+            log.warning("the handler of %s ignores its cancellation; leaving it behind", todo.id)
+            return
+        if not work.cancelled() and work.exception() is not None:  # retrieved: not logged as lost
+            log.info("the handler of %s raised once cancelled: %r", todo.id, work.exception())
 
     async def _call(self, todo: Todo) -> Any:
         if inspect.iscoroutinefunction(self.handler):
@@ -161,18 +186,38 @@ class Worker:
                 delay = backoff.next()
                 log.warning("%s of %s failed (%s); retrying in %.1fs", action, todo.id, exc, delay)
                 await asyncio.sleep(delay)
+            except Cancelled as exc:
+                log.warning("%s; its %s is dropped", cancellation_note(todo.id, exc), action)
+                return
             except (Conflict, NotFound) as exc:
                 log.warning("dropping %s, the %s was refused: %s", todo.id, action, exc)
                 return
 
-    async def _heartbeat(self, store: Store, todo: Todo) -> None:
-        """Every ttl/3, through outages; stops once the lease is not ours."""
+    async def _heartbeat(self, store: Store, todo: Todo) -> Cancelled | None:
+        """Every ttl/3, through outages; stops once the lease is not ours. Returns the
+        Cancelled refusal when the todo was cancelled (its handler should stop)."""
         while True:
             await asyncio.sleep(self.ttl / 3)
             try:
                 await store.heartbeat(todo.id, self.owner, todo.lease_token, self.ttl)
             except DatabaseUnavailable as exc:
                 log.warning("heartbeat of %s failed (%s); trying again in %.0fs", todo.id, exc, self.ttl / 3)
+            except Cancelled as exc:
+                return exc
             except (Conflict, NotFound) as exc:
                 log.warning("lost the lease on %s: %s", todo.id, exc)
-                return
+                return None
+
+
+def _cancellation(beat: asyncio.Task) -> Cancelled | None:
+    """What a finished heartbeat task found: the todo's cancellation, or None."""
+    if not beat.done() or beat.cancelled() or beat.exception() is not None:
+        return None
+    return beat.result()
+
+
+def cancellation_note(todo_id: str, exc: Cancelled) -> str:
+    """A log line's start, from a Cancelled refusal's facts: todo X was cancelled by NAME: REASON."""
+    by = exc.current.get("cancelled_by") or "someone"
+    reason = exc.current.get("reason")
+    return f"todo {todo_id} was cancelled by {by}" + (f": {reason}" if reason else " (no reason given)")
