@@ -1,5 +1,6 @@
 // The dashboard's only script (CSP forbids inline script): lease countdowns, "select all"
-// on the dead-letters page, and no auto-refresh of that table while a selection is made.
+// on the queue and dead-letters pages, and no auto-refresh of those tables while a
+// selection is made.
 (function () {
   "use strict";
 
@@ -39,17 +40,18 @@
   setInterval(tick, 1000);
 
   document.addEventListener("change", function (e) {
-    if (e.target.id === "select-all") {
-      document.querySelectorAll("#dead input[name=ids]").forEach(function (box) {
+    if (e.target.id === "select-all" || e.target.classList.contains("select-all")) {
+      var form = e.target.closest("form") || document;
+      form.querySelectorAll("input[name=ids]").forEach(function (box) {
         box.checked = e.target.checked;
       });
     }
   });
 
-  // Keep an operator's selection: skip the dead-letters table's polling while boxes are ticked.
+  // Keep an operator's selection: skip a table's polling while boxes are ticked.
   document.addEventListener("htmx:beforeRequest", function (e) {
     var elt = e.detail.elt;
-    if (elt && elt.id === "dead" && e.detail.requestConfig.verb === "get" &&
+    if (elt && (elt.id === "dead" || elt.id === "todos") && e.detail.requestConfig.verb === "get" &&
         elt.querySelector("input[name=ids]:checked")) {
       e.preventDefault();
     }

@@ -292,7 +292,7 @@ async def test_retrying_all_dead_letters_of_a_queue_reports_retried_and_refused(
     states = {t.id: (await todo_row(pool, t.id)).state for t in (keyed, plain1, plain2, elsewhere)}
     assert states == {keyed.id: "failed", plain1.id: "pending", plain2.id: "pending", elsewhere.id: "failed"}
     report = flash_of((await client.get("/dead?queue=mail")).text)
-    assert report.startswith("2 retried, 1 refused: ")
+    assert report.startswith("2 retried; 1 skipped (1 key held by a live todo): ")
     assert f"cannot retry todo {keyed.id}: a live todo already holds key 'order-1'" in report
     assert live.id in report
 
@@ -310,7 +310,7 @@ async def test_retrying_all_from_htmx_answers_the_dead_fragment_with_the_report_
     )
 
     assert_fragment(response, "dead")
-    assert "2 retried, 1 refused" in text(response)
+    assert "2 retried; 1 skipped (1 key held by a live todo)" in text(response)
     # Still the mail view: its poll, its "retry all" button and its rows stay inside the filter.
     assert 'hx-get="/partials/dead?queue=mail"' in response.text
     assert 'name="queue" value="mail"' in response.text

@@ -18,13 +18,32 @@ from dashboard.models import DEFAULT_MAX_ATTEMPTS, MAX_JSON_BYTES, Actor, NewTod
 from dashboard.reads import Reads
 from dashboard.store import Store
 from dashboard.web.auth import operators_only
-from dashboard.web.pages import dead_context, leases_context, todo_context, tokens_view
+from dashboard.web.pages import leases_context, todo_context, tokens_view
 from dashboard.web.responses import after_action, redirect, render
 
 # A payload may be MAX_JSON_BYTES of JSON, and URL-encoding can triple it; other forms
 # keep the dashboard's 64 KiB (app.py).
 CREATE_FORM_LIMIT = 3 * MAX_JSON_BYTES + 64 * 1024
-CREATE_FIELDS = ("queue", "title", "kind", "payload", "assignee", "idempotency_key", "max_attempts")
+CREATE_FIELDS = (
+    "queue",
+    "title",
+    "kind",
+    "payload",
+    "assignee",
+    "assignee_until",
+    "idempotency_key",
+    "max_attempts",
+    "priority",
+    "run_at",
+    "delay",
+)
+
+
+def utc(text: str) -> str:
+    """A time from a form: the browser's datetime-local has no zone, and the forms say UTC."""
+    if text and len(text) <= 19 and "+" not in text and not text.endswith("Z"):
+        return text + "+00:00"
+    return text
 
 
 def actor(request: Request) -> Actor:
@@ -82,32 +101,6 @@ async def release_todo(
     )
 
 
-@post("/dead/retry", guards=[operators_only])
-async def retry_dead(
-    request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads]
-) -> Template | Redirect:
-    form = await request.form()
-    one_more = budget(form)
-    queue = form.get("queue") or None
-    if form.get("one"):
-        ids = [form["one"]]
-    elif form.get("scope") == "all":
-        ids = await reads.dead_letter_ids(queue)
-    else:
-        ids = form.getall("ids") if "ids" in form else []
-        if not ids:
-            raise InvalidInput("ids", "select at least one dead-letter to retry")
-    report = await store.retry_many(ids, actor(request), one_more=one_more)
-    return await after_action(
-        request,
-        report.summary(),
-        kind="error" if report.refused else "ok",
-        url="/dead" + (f"?queue={queue}" if queue else ""),
-        partial="partials/dead.html",
-        context=lambda: dead_context(reads, queue),
-    )
-
-
 @post("/create", guards=[operators_only], request_max_body_size=CREATE_FORM_LIMIT)
 async def create_todo(request: Request, store: NamedDependency[Store]) -> Template | Redirect:
     form = await request.form()
@@ -118,11 +111,16 @@ async def create_todo(request: Request, store: NamedDependency[Store]) -> Templa
     except json.JSONDecodeError as exc:
         errors["payload"] = f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
         payload = None
-    try:
-        max_attempts = int(values["max_attempts"] or DEFAULT_MAX_ATTEMPTS)
-    except ValueError:
-        errors["max_attempts"] = "must be a whole number from 1 to 100"
-        max_attempts = DEFAULT_MAX_ATTEMPTS
+    numbers = {}
+    for name, default, parse, hint in (
+        ("max_attempts", DEFAULT_MAX_ATTEMPTS, int, "a whole number from 1 to 100"),
+        ("priority", 0, int, "a whole number from -10 to 10"),
+        ("delay", None, float, "a number of seconds"),
+    ):
+        try:
+            numbers[name] = parse(values[name]) if values[name] else default
+        except ValueError:
+            errors[name] = f"must be {hint}"
     if not errors:
         item = NewTodo(
             queue=values["queue"],
@@ -130,8 +128,10 @@ async def create_todo(request: Request, store: NamedDependency[Store]) -> Templa
             kind=values["kind"] or None,
             payload=payload,
             assignee=values["assignee"] or None,
+            assignee_until=utc(values["assignee_until"]) or None,
             idempotency_key=values["idempotency_key"] or None,
-            max_attempts=max_attempts,
+            run_at=utc(values["run_at"]) or None,
+            **numbers,
         )
         try:
             created = await store.create(item, actor=actor(request))
@@ -171,4 +171,4 @@ async def revoke_token(
     return redirect(request, "/tokens", f"token {token_id} revoked")
 
 
-ROUTES = [retry_todo, release_todo, retry_dead, create_todo, add_token, revoke_token]
+ROUTES = [retry_todo, release_todo, create_todo, add_token, revoke_token]

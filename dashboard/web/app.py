@@ -36,7 +36,7 @@ from dashboard.notify import Hub
 from dashboard.reads import Reads
 from dashboard.reaper import run_reaper
 from dashboard.store import Store
-from dashboard.web import actions, api, health, login, pages, prometheus, templating
+from dashboard.web import actions, api, control, health, login, pages, prometheus, templating
 from dashboard.web.access_log import access_log
 from dashboard.web.auth import require_login
 from dashboard.web.csrf import CSRFMiddleware
@@ -174,7 +174,7 @@ def create_app(dsn: str, config: WebConfig, *, reaper: bool = True, pool_size: i
             *login.ROUTES,
             Router(
                 "/",
-                route_handlers=[*pages.ROUTES, *actions.ROUTES, events],
+                route_handlers=[*pages.ROUTES, *actions.ROUTES, *control.ROUTES, events],
                 before_request=require_login,
                 include_in_schema=False,
                 request_max_body_size=FORM_BODY,

@@ -13,6 +13,7 @@ from litestar.params import FromPath
 from litestar.response import Template
 
 from dashboard.accounts import Accounts
+from dashboard.errors import InvalidInput
 from dashboard.horizon import HorizonWatch
 from dashboard.models import DEFAULT_MAX_ATTEMPTS
 from dashboard.reads import LIST_STATES, Reads, TodoFilter
@@ -21,7 +22,7 @@ from dashboard.web.stats_cache import StatsCache
 
 PAGE_SIZE = 50
 LEASES_SHOWN = 100  # soonest expiry first; the rest are counted
-TOTALS = ("ready", "retrying", "claimed", "lapsed", "done_recent", "dead")
+TOTALS = ("ready", "scheduled", "retrying", "claimed", "lapsed", "done_recent", "dead")
 
 
 # -- context builders -----------------------------------------------------------------
@@ -36,23 +37,43 @@ async def overview_context(stats: StatsCache, horizon: HorizonWatch) -> dict:
     }
 
 
-async def queue_context(request: Request, reads: Reads, queue: str) -> dict:
-    q = request.query_params
-    filters = TodoFilter(
+FILTER_FIELDS = ("state", "assignee", "owner", "kind", "q")  # the queue page's, by query name
+MATCHING_SHOWN = 1000  # "all N matching" counts up to this, then says "1,000+"
+
+
+def queue_filter(queue: str, params) -> TodoFilter:
+    """The queue page's filter from its query string (or a bulk action's form)."""
+    return TodoFilter(
         queue=queue,
-        state=q.get("state") or None,
-        assignee=q.get("assignee") or None,
-        owner=q.get("owner") or None,
-        kind=q.get("kind") or None,
-        search=q.get("q") or None,
+        state=params.get("state") or None,
+        assignee=params.get("assignee") or None,
+        owner=params.get("owner") or None,
+        kind=params.get("kind") or None,
+        search=params.get("q") or None,
     )
-    result = await reads.list_todos(filters, limit=PAGE_SIZE, after=q.get("after"))
+
+
+async def queue_context(request: Request, reads: Reads, queue: str, params=None) -> dict:
+    """The queue page: its pause, the filtered todos, and how many match (for "all N
+    matching this filter"). `params`: the filter, when not the request's query string."""
+    q = request.query_params if params is None else params
+    filters = queue_filter(queue, q)
+    after = request.query_params.get("after") if params is None else None
+    result = await reads.list_todos(filters, limit=PAGE_SIZE, after=after)
+    matching = len(result.items)
+    if result.next_cursor or after:
+        matching = len(await reads.matching_ids(filters, limit=MATCHING_SHOWN + 1))
+    pauses = [p for p in await reads.paused_queues() if p.queue == queue]
     return {
         "queue": queue,
         "filters": filters,
         "page": result,
+        "matching": matching,
+        "matching_more": matching > MATCHING_SHOWN,
+        "pause": pauses[0] if pauses else None,
+        "queue_history": await reads.queue_history(queue, limit=5),
         "states": LIST_STATES,
-        "query": {k: v for k, v in q.items() if k != "after" and v},
+        "query": {k: v for k in FILTER_FIELDS if (v := q.get(k))},
     }
 
 
@@ -62,14 +83,32 @@ async def leases_context(reads: Reads) -> dict:
     return {"leases": leases, "total": total}
 
 
-async def dead_context(reads: Reads, queue: str | None, after: str | None = None) -> dict:
-    result = await reads.dead_letters(queue, limit=PAGE_SIZE, after=after)
-    return {"page": result, "queue": queue, "queues": await reads.dead_letter_queues()}
+async def dead_context(
+    reads: Reads, queue: str | None, cancelled: bool | None, after: str | None = None
+) -> dict:
+    result = await reads.dead_letters(queue, cancelled=cancelled, limit=PAGE_SIZE, after=after)
+    return {
+        "page": result,
+        "queue": queue,
+        "cancelled": cancelled,
+        "queues": await reads.dead_letter_queues(),
+        "query": {k: v for k, v in (("queue", queue), ("cancelled", _shown(cancelled))) if v},
+    }
 
 
-def dead_filter(request: Request) -> tuple[str | None, str | None]:
-    """The dead-letters page's (queue, after) from its query string."""
-    return request.query_params.get("queue") or None, request.query_params.get("after")
+CANCELLED_CHOICES = {"": None, "only": True, "hide": False}  # the dead-letters page's "cancelled"
+
+
+def _shown(cancelled: bool | None) -> str:
+    return next(k for k, v in CANCELLED_CHOICES.items() if v is cancelled)
+
+
+def dead_filter(params) -> tuple[str | None, bool | None]:
+    """The dead-letters page's (queue, cancelled) from its query string or a form."""
+    choice = params.get("cancelled") or ""
+    if choice not in CANCELLED_CHOICES:
+        raise InvalidInput("cancelled", "must be only or hide (or empty: both)")
+    return params.get("queue") or None, CANCELLED_CHOICES[choice]
 
 
 async def todo_context(reads: Reads, todo_id: str) -> dict:
@@ -104,6 +143,13 @@ async def queue_partial(request: Request, reads: NamedDependency[Reads], queue: 
     return render(request, "partials/todos.html", **await queue_context(request, reads, queue))
 
 
+@get("/partials/queues/{queue:str}/control")
+async def queue_control_partial(
+    request: Request, reads: NamedDependency[Reads], queue: FromPath[str]
+) -> Template:
+    return render(request, "partials/queue_control.html", **await queue_context(request, reads, queue))
+
+
 @get("/leases")
 async def leases_page(request: Request, reads: NamedDependency[Reads]) -> Template:
     return page(request, "leases.html", **await leases_context(reads))
@@ -116,12 +162,15 @@ async def leases_partial(request: Request, reads: NamedDependency[Reads]) -> Tem
 
 @get("/dead")
 async def dead_page(request: Request, reads: NamedDependency[Reads]) -> Template:
-    return page(request, "dead.html", **await dead_context(reads, *dead_filter(request)))
+    after = request.query_params.get("after")
+    return page(request, "dead.html", **await dead_context(reads, *dead_filter(request.query_params), after))
 
 
 @get("/partials/dead")
 async def dead_partial(request: Request, reads: NamedDependency[Reads]) -> Template:
-    return render(request, "partials/dead.html", **await dead_context(reads, *dead_filter(request)))
+    after = request.query_params.get("after")
+    context = await dead_context(reads, *dead_filter(request.query_params), after)
+    return render(request, "partials/dead.html", **context)
 
 
 @get("/todos/{todo_id:str}")
@@ -139,6 +188,7 @@ async def create_page(request: Request) -> Template:
     values = {
         "payload": "{}",
         "max_attempts": str(DEFAULT_MAX_ATTEMPTS),
+        "priority": "0",
         "queue": request.query_params.get("queue", ""),
     }
     return page(request, "create.html", values=values, errors={})
@@ -183,6 +233,7 @@ ROUTES = [
     overview_partial,
     queue_page,
     queue_partial,
+    queue_control_partial,
     leases_page,
     leases_partial,
     dead_page,

@@ -1,0 +1,256 @@
+"""Queue control on the dashboard (DESIGN.md "Queue control"), operators only: pause and
+resume a queue, cancel, run now and edit a todo, and bulk actions on the queue and
+dead-letters pages. Each goes through the Store as the logged-in operator and answers as
+actions.py's do: the re-rendered partial for htmx, a redirect with a flash otherwise."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import urlencode
+
+from litestar import Request, get, post
+from litestar.di import NamedDependency
+from litestar.params import FromPath
+from litestar.response import Redirect, Template
+
+from dashboard.errors import Conflict, InvalidInput
+from dashboard.models import TodoEdit
+from dashboard.reads import Reads
+from dashboard.store import BulkReport, Store
+from dashboard.web.actions import actor, budget, utc
+from dashboard.web.auth import operators_only
+from dashboard.web.pages import dead_context, dead_filter, queue_context, queue_filter, todo_context
+from dashboard.web.responses import after_action, page, redirect
+
+BULK_MAX = 100_000  # todos one "all matching" action takes at most
+BULK_ACTIONS = {
+    "cancel": "Cancel",
+    "retry": "Retry",
+    "run_now": "Run now",
+    "priority": "Set priority",
+    "reassign": "Reassign",
+}
+
+
+def _reason(form) -> str | None:
+    return (form.get("reason") or "").strip() or None
+
+
+# -- queues ---------------------------------------------------------------------------------
+
+
+@post("/queues/{queue:str}/pause", guards=[operators_only])
+async def pause_queue(
+    request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads], queue: FromPath[str]
+) -> Template | Redirect:
+    await store.pause(queue, actor(request), _reason(await request.form()))
+    return await _queue_answer(request, reads, queue, f"queue {queue} paused: claims skip it until resumed")
+
+
+@post("/queues/{queue:str}/resume", guards=[operators_only])
+async def resume_queue(
+    request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads], queue: FromPath[str]
+) -> Template | Redirect:
+    resumed = await store.resume(queue, actor(request), _reason(await request.form()))
+    message = f"queue {queue} resumed" if resumed else f"queue {queue} was not paused"
+    return await _queue_answer(request, reads, queue, message)
+
+
+async def _queue_answer(request: Request, reads: Reads, queue: str, message: str) -> Template | Redirect:
+    return await after_action(
+        request,
+        message,
+        url=f"/queues/{queue}",
+        partial="partials/queue_control.html",
+        context=lambda: queue_context(request, reads, queue),
+    )
+
+
+# -- one todo -----------------------------------------------------------------------------------
+
+
+@post("/todos/{todo_id:str}/cancel", guards=[operators_only])
+async def cancel_todo(
+    request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads], todo_id: FromPath[str]
+) -> Template | Redirect:
+    todo = await store.cancel(todo_id, actor(request), _reason(await request.form()))
+    return await _todo_answer(request, reads, todo_id, f"{todo.id} cancelled")
+
+
+@post("/todos/{todo_id:str}/run-now", guards=[operators_only])
+async def run_todo_now(
+    request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads], todo_id: FromPath[str]
+) -> Template | Redirect:
+    todo = await store.run_now(todo_id, actor(request))
+    return await _todo_answer(request, reads, todo_id, f"{todo.id} is ready now")
+
+
+async def _todo_answer(request: Request, reads: Reads, todo_id: str, message: str) -> Template | Redirect:
+    return await after_action(
+        request,
+        message,
+        url=f"/todos/{todo_id}",
+        partial="partials/todo.html",
+        context=lambda: todo_context(reads, todo_id),
+    )
+
+
+EDIT_FIELDS = ("title", "kind", "assignee", "assignee_until", "max_attempts", "priority", "run_at", "payload")
+
+
+@get("/todos/{todo_id:str}/edit")
+async def edit_page(request: Request, reads: NamedDependency[Reads], todo_id: FromPath[str]) -> Template:
+    detail = await reads.todo_detail(todo_id)
+    todo = detail.todo
+    values = {
+        "title": todo.title,
+        "kind": todo.kind or "",
+        "assignee": todo.assignee or "",
+        "assignee_until": todo.assignee_until.isoformat() if todo.assignee_until else "",
+        "max_attempts": str(todo.max_attempts),
+        "priority": str(todo.priority),
+        "run_at": "",
+        "payload": json.dumps(todo.payload, indent=2, ensure_ascii=False),
+    }
+    retry = request.query_params.get("retry") == "1" and todo.state == "failed"
+    return page(
+        request, "edit.html", todo=todo, read_at=detail.read_at, values=values, errors={}, retry=retry
+    )
+
+
+@post("/todos/{todo_id:str}/edit", guards=[operators_only])
+async def edit_todo(
+    request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads], todo_id: FromPath[str]
+) -> Template | Redirect:
+    form = await request.form()
+    values = {f: form.get(f, "") if f == "payload" else form.get(f, "").strip() for f in EDIT_FIELDS}
+    retry = form.get("retry") == "1"
+    errors: dict[str, str] = {}
+    fields: dict = {"title": values["title"], "kind": values["kind"] or None}
+    fields["assignee"] = values["assignee"] or None
+    fields["assignee_until"] = utc(values["assignee_until"]) or None
+    if values["run_at"]:
+        fields["run_at"] = utc(values["run_at"])
+    for name in ("max_attempts", "priority"):
+        try:
+            fields[name] = int(values[name])
+        except ValueError:
+            errors[name] = "must be a whole number"
+    try:
+        fields["payload"] = json.loads(values["payload"] or "{}")
+    except (json.JSONDecodeError, RecursionError) as exc:
+        errors["payload"] = f"not valid JSON: {getattr(exc, 'msg', 'nested too deeply')}"
+    if not errors:
+        try:
+            todo = await store.edit(todo_id, actor(request), TodoEdit(**fields), retry=retry)
+        except InvalidInput as exc:
+            errors[exc.field] = exc.message
+        except Conflict as exc:
+            errors["edit"] = str(exc)
+        else:
+            message = f"{todo.id} edited" + (" and retried: pending again" if retry else "")
+            return redirect(request, f"/todos/{todo_id}", message)
+    detail = await reads.todo_detail(todo_id)
+    return page(
+        request,
+        "edit.html",
+        status=422,
+        todo=detail.todo,
+        read_at=detail.read_at,
+        values=values,
+        errors=errors,
+        retry=retry,
+    )
+
+
+# -- bulk ---------------------------------------------------------------------------------------
+
+
+async def run_bulk(store: Store, request: Request, form, ids: list[str], action: str) -> BulkReport:
+    """The bulk `action` over `ids`, its values (reason, priority, assignee) from the form."""
+    who = actor(request)
+    if action == "cancel":
+        return await store.cancel_many(ids, who, _reason(form))
+    if action == "retry":
+        return await store.retry_many(ids, who, one_more=budget(form))
+    if action == "run_now":
+        return await store.run_now_many(ids, who)
+    if action == "priority":
+        try:
+            priority = int(form.get("priority", ""))
+        except ValueError:
+            raise InvalidInput(
+                "priority", "must be a whole number from -10 to 10 (higher runs first)"
+            ) from None
+        return await store.set_many(ids, who, priority=priority)
+    if action == "reassign":
+        return await store.set_many(ids, who, assignee=(form.get("assignee") or "").strip() or None)
+    raise InvalidInput("action", f"must be one of {', '.join(BULK_ACTIONS)}")
+
+
+def _selected(form, noun: str = "todo") -> list[str]:
+    ids = form.getall("ids") if "ids" in form else []
+    if not ids:
+        raise InvalidInput("ids", f"select at least one {noun} (or choose all that match the filter)")
+    return ids
+
+
+@post("/queues/{queue:str}/bulk", guards=[operators_only])
+async def queue_bulk(
+    request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads], queue: FromPath[str]
+) -> Template | Redirect:
+    """The filter comes with the form and is applied again now, in the database: todos that
+    changed since the page was drawn are skipped and counted."""
+    form = await request.form()
+    filters = queue_filter(queue, form)
+    if form.get("scope") == "all":
+        ids = await reads.matching_ids(filters, limit=BULK_MAX)
+        if not ids:
+            raise InvalidInput("ids", "no todo matches the filter any more")
+    else:
+        ids = _selected(form)
+    report = await run_bulk(store, request, form, ids, form.get("action", ""))
+    query = {k: v for k in ("state", "assignee", "owner", "kind", "q") if (v := form.get(k))}
+    return await after_action(
+        request,
+        report.summary(),
+        kind="error" if report.skipped and not report.changed else "ok",
+        url=f"/queues/{queue}" + (f"?{urlencode(query)}" if query else ""),
+        partial="partials/todos.html",
+        context=lambda: queue_context(request, reads, queue, form),
+    )
+
+
+@post(["/dead/retry", "/dead/bulk"], guards=[operators_only])
+async def dead_bulk(
+    request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads]
+) -> Template | Redirect:
+    """Retry one, the selected, or all dead-letters that match (/dead/retry), or set their
+    priority or assignee (/dead/bulk, the form's bulk_action and bulk_scope)."""
+    form = await request.form()
+    queue, cancelled = dead_filter(form)
+    bulk = request.url.path.endswith("/bulk")
+    action, scope = (
+        (form.get("bulk_action", ""), form.get("bulk_scope")) if bulk else ("retry", form.get("scope"))
+    )
+    if form.get("one"):
+        ids = [form["one"]]
+    elif scope == "all":
+        ids = await reads.dead_letter_ids(queue, cancelled=cancelled)
+        if not ids:
+            raise InvalidInput("ids", "no dead-letter matches the filter any more")
+    else:
+        ids = _selected(form, "dead-letter")
+    report = await run_bulk(store, request, form, ids, action)
+    query = {k: v for k in ("queue", "cancelled") if (v := form.get(k))}
+    return await after_action(
+        request,
+        report.summary(),
+        kind="error" if report.skipped else "ok",
+        url="/dead" + (f"?{urlencode(query)}" if query else ""),
+        partial="partials/dead.html",
+        context=lambda: dead_context(reads, queue, cancelled),
+    )
+
+
+ROUTES = [pause_queue, resume_queue, cancel_todo, run_todo_now, edit_page, edit_todo, queue_bulk, dead_bulk]
