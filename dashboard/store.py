@@ -509,9 +509,10 @@ class Store:
         """Claims skip the queue until it is resumed; enqueue, heartbeats and acks go on.
         Pausing a paused queue keeps the first pause (who, when, why)."""
         queue, actor, reason = _queue_in(queue, scope), check_actor(actor), _reason(reason)
-        row = await SQL.pause_queue.fetchrow(self.db, queue=queue, **_recorded(actor), reason=reason)
-        row = row or await SQL.queue_pause.fetchrow(self.db, queue=queue)
-        return QueuePause(**dict(row))
+        paused = await SQL.pause_queue.fetchrow(self.db, queue=queue, **_recorded(actor), reason=reason)
+        if paused is not None:
+            await self._hint([queue])  # pages showing the queue refresh; claimers find nothing
+        return QueuePause(**dict(paused or await SQL.queue_pause.fetchrow(self.db, queue=queue)))
 
     async def resume(
         self, queue: str, actor: Actor, reason: str | None = None, *, scope: Scope | None = None
