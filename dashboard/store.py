@@ -248,14 +248,15 @@ class Store:
     async def claim_next(
         self, queues: Sequence[str], owner: str, ttl: float, *, scope: Scope | None = None
     ) -> Todo | None:
-        """Claim the longest-ready claimable todo in `queues`, or None."""
+        """Claim the next todo in `queues` (highest priority, then longest ready), or None."""
         claimed = await self.claim_batch(queues, owner, ttl, 1, scope=scope)
         return claimed[0] if claimed else None
 
     async def claim_batch(
         self, queues: Sequence[str], owner: str, ttl: float, n: int, *, scope: Scope | None = None
     ) -> list[Todo]:
-        """Claim up to n todos in one statement, in claim order (longest ready first)."""
+        """Claim up to n todos in one statement, in claim order (highest priority, then
+        longest ready, first)."""
         queues = _claimable_from(queues, scope)
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_BATCH:
             raise InvalidInput("n", f"batches hold 0 to {MAX_BATCH} todos")

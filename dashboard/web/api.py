@@ -79,9 +79,10 @@ async def create_batch(data: JSONBody[BatchIn], caller: NamedDependency[Caller])
     "/claims",
     status_code=HTTP_200_OK,
     summary="Claim the next todo (or, with `max`, up to `max` todos) from a set of queues",
-    description="With `wait` (seconds, up to 60) the request blocks until work arrives. Without `max`: "
-    'the todo, or 204 when none came in time. With `max` (1 to 100): `{"todos": [...]}`, longest '
-    "ready first, up to `max` of them, and `[]` when none came in time.",
+    description="Claim order: the highest priority first, the longest ready first within it; paused "
+    "queues are skipped. With `wait` (seconds, up to 60) the request blocks until work arrives. Without "
+    '`max`: the todo, or 204 when none came in time. With `max` (1 to 100): `{"todos": [...]}`, in claim '
+    "order, up to `max` of them, and `[]` when none came in time.",
     responses={
         204: ResponseSpec(data_container=None, description="No todo came within `wait` (without `max`)"),
         **BAD_INPUT,

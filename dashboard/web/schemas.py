@@ -117,7 +117,8 @@ class ClaimIn(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class ClaimedOut(msgspec.Struct):
-    """The answer to a claim with `max`: up to `max` todos, longest ready first (none: `[]`)."""
+    """The answer to a claim with `max`: up to `max` todos in claim order: highest priority, then
+    longest ready, first (none: `[]`)."""
 
     todos: list[TodoOut]
 
