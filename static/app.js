@@ -1,6 +1,6 @@
 // The dashboard's only script (CSP forbids inline script): lease countdowns, "select all"
-// on the queue and dead-letters pages, and no auto-refresh of those tables while a
-// selection is made.
+// on the queue and dead-letters pages, and no auto-refresh of a part of a page while the
+// operator is choosing or typing in it.
 (function () {
   "use strict";
 
@@ -48,11 +48,33 @@
     }
   });
 
-  // Keep an operator's selection: skip a table's polling while boxes are ticked.
+  // A field the operator has changed from how the page drew it: a box ticked, an action
+  // chosen, a reason or priority typed.
+  function changed(field) {
+    if (field.type === "hidden" || field.type === "submit" || field.type === "button") return false;
+    if (field.type === "checkbox" || field.type === "radio") return field.checked !== field.defaultChecked;
+    if (field.tagName === "SELECT") {
+      var drawn = 0;
+      for (var i = 0; i < field.options.length; i++) {
+        if (field.options[i].defaultSelected) drawn = i;
+      }
+      return field.selectedIndex !== drawn;
+    }
+    return field.value !== field.defaultValue;
+  }
+
+  // Keep what an operator is in the middle of: skip a partial's refresh (polling or a
+  // hint) while a field in it is changed, or focused for typing. Otherwise a refresh
+  // would untick the boxes, empty a half-typed reason and put the bulk action back to
+  // its first choice (Cancel) just before Apply. The action's answer draws it afresh.
   document.addEventListener("htmx:beforeRequest", function (e) {
     var elt = e.detail.elt;
-    if (elt && (elt.id === "dead" || elt.id === "todos") && e.detail.requestConfig.verb === "get" &&
-        elt.querySelector("input[name=ids]:checked")) {
+    var config = e.detail.requestConfig;
+    if (!elt || !elt.querySelectorAll || !config || config.verb !== "get") return;
+    var active = document.activeElement;
+    var typing = active && elt.contains(active) && /^(INPUT|SELECT|TEXTAREA)$/.test(active.tagName) &&
+      active.type !== "checkbox" && active.type !== "radio";
+    if (typing || Array.prototype.some.call(elt.querySelectorAll("input, select, textarea"), changed)) {
       e.preventDefault();
     }
   });

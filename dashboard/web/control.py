@@ -6,6 +6,7 @@ actions.py's do: the re-rendered partial for htmx, a redirect with a flash other
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from urllib.parse import urlencode
 
 from litestar import Request, get, post
@@ -19,7 +20,14 @@ from dashboard.reads import Reads
 from dashboard.store import BulkReport, Store
 from dashboard.web.actions import actor, budget, utc
 from dashboard.web.auth import operators_only
-from dashboard.web.pages import dead_context, dead_filter, queue_context, queue_filter, todo_context
+from dashboard.web.pages import (
+    dead_context,
+    dead_filter,
+    queue_context,
+    queue_control_context,
+    queue_filter,
+    todo_context,
+)
 from dashboard.web.responses import after_action, page, redirect
 
 BULK_MAX = 100_000  # todos one "all matching" action takes at most
@@ -62,7 +70,7 @@ async def _queue_answer(request: Request, reads: Reads, queue: str, message: str
         message,
         url=f"/queues/{queue}",
         partial="partials/queue_control.html",
-        context=lambda: queue_context(request, reads, queue),
+        context=lambda: queue_control_context(reads, queue),
     )
 
 
@@ -98,6 +106,11 @@ async def _todo_answer(request: Request, reads: Reads, todo_id: str, message: st
 EDIT_FIELDS = ("title", "kind", "assignee", "assignee_until", "max_attempts", "priority", "run_at", "payload")
 
 
+def local_utc(at: datetime | None) -> str:
+    """A time as a datetime-local input's value, in UTC."""
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S") if at else ""
+
+
 @get("/todos/{todo_id:str}/edit")
 async def edit_page(request: Request, reads: NamedDependency[Reads], todo_id: FromPath[str]) -> Template:
     detail = await reads.todo_detail(todo_id)
@@ -106,7 +119,9 @@ async def edit_page(request: Request, reads: NamedDependency[Reads], todo_id: Fr
         "title": todo.title,
         "kind": todo.kind or "",
         "assignee": todo.assignee or "",
-        "assignee_until": todo.assignee_until.isoformat() if todo.assignee_until else "",
+        # datetime-local takes no zone (the form says UTC): an offset would make the browser
+        # drop the value, and saving would clear it
+        "assignee_until": local_utc(todo.assignee_until),
         "max_attempts": str(todo.max_attempts),
         "priority": str(todo.priority),
         "run_at": "",
@@ -138,8 +153,10 @@ async def edit_todo(
             errors[name] = "must be a whole number"
     try:
         fields["payload"] = json.loads(values["payload"] or "{}")
-    except (json.JSONDecodeError, RecursionError) as exc:
-        errors["payload"] = f"not valid JSON: {getattr(exc, 'msg', 'nested too deeply')}"
+    except json.JSONDecodeError as exc:
+        errors["payload"] = f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+    except RecursionError:
+        errors["payload"] = "nested too deeply"
     if not errors:
         try:
             todo = await store.edit(todo_id, actor(request), TodoEdit(**fields), retry=retry)

@@ -63,17 +63,24 @@ async def queue_context(request: Request, reads: Reads, queue: str, params=None)
     matching = len(result.items)
     if result.next_cursor or after:
         matching = len(await reads.matching_ids(filters, limit=MATCHING_SHOWN + 1))
-    pauses = [p for p in await reads.paused_queues() if p.queue == queue]
     return {
-        "queue": queue,
+        **await queue_control_context(reads, queue),
         "filters": filters,
         "page": result,
         "matching": matching,
         "matching_more": matching > MATCHING_SHOWN,
-        "pause": pauses[0] if pauses else None,
-        "queue_history": await reads.queue_history(queue, limit=5),
         "states": LIST_STATES,
         "query": {k: v for k in FILTER_FIELDS if (v := q.get(k))},
+    }
+
+
+async def queue_control_context(reads: Reads, queue: str) -> dict:
+    """The queue's pause, if any, and its last pauses and resumes."""
+    pauses = [p for p in await reads.paused_queues() if p.queue == queue]
+    return {
+        "queue": queue,
+        "pause": pauses[0] if pauses else None,
+        "queue_history": await reads.queue_history(queue, limit=5),
     }
 
 
@@ -147,7 +154,7 @@ async def queue_partial(request: Request, reads: NamedDependency[Reads], queue: 
 async def queue_control_partial(
     request: Request, reads: NamedDependency[Reads], queue: FromPath[str]
 ) -> Template:
-    return render(request, "partials/queue_control.html", **await queue_context(request, reads, queue))
+    return render(request, "partials/queue_control.html", **await queue_control_context(reads, queue))
 
 
 @get("/leases")
