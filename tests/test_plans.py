@@ -79,6 +79,36 @@ async def big(big_db):
         yield conn
 
 
+async def _fill_backlog(dsn: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            """INSERT INTO todos (id, queue, title, created_at, ready_at, priority)
+               SELECT 'td_p' || g, 'q' || lpad((g % 20)::text, 2, '0'), 'pending ' || g,
+                      now() - make_interval(secs => g), now() - make_interval(secs => g), g % 3 - 1
+               FROM generate_series(1, 200000) AS g"""
+        )
+        await conn.execute("ANALYZE todos")
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="module")
+def backlog_db(server_dsn, template_db):
+    """A fresh backlog: 200,000 pending todos at three priorities over 20 queues, nothing
+    claimed yet, analyzed. Its statistics once led generic claim plans to read a whole
+    priority level through a (queue, -priority, ready_at) index and sort it."""
+    with scratch_database(server_dsn, template_db) as url:
+        asyncio.run(_fill_backlog(url))
+        yield url
+
+
+@pytest.fixture
+async def backlog(backlog_db):
+    async with connected(backlog_db, asyncpg.connect) as conn:
+        yield conn
+
+
 async def _fill_quiet(dsn: str) -> None:
     conn = await asyncpg.connect(dsn)
     try:
@@ -202,6 +232,51 @@ async def test_claim_batch_plans_without_a_seq_scan_or_a_sort_of_todos(big, mode
     plan = await explain(big, TRANSITIONS.claim_batch, claim_args(QUEUES[:queue_count], 10, position), mode)
     assert offenders(plan) == []
     assert index_scans(plan) & CLAIM_INDEXES
+
+
+@MODES
+@pytest.mark.parametrize("rank", ["-1", "0", "1"], ids=lambda r: f"rank{r}")
+@pytest.mark.parametrize("queue_count", [1, 20], ids=lambda n: f"{n}-queues")
+async def test_claims_walk_the_claim_index_in_order_on_a_fresh_mixed_priority_backlog(
+    backlog, mode, rank, queue_count
+):
+    position = (rank, "now() - interval '100000 seconds'")
+    plan = await explain(
+        backlog, TRANSITIONS.claim_batch, claim_args(QUEUES[:queue_count], 1, position), mode
+    )
+    assert offenders(plan) == []
+    rank_, after = position
+    values = {**held_values("complete_and_claim_next"), "queues": text_array(QUEUES[:queue_count])}
+    plan = await explain(
+        backlog, TRANSITIONS.complete_and_claim_next, {**values, "rank": rank_, "after": after}, mode
+    )
+    assert offenders(plan) == []
+
+
+BULK = {
+    "cancel_many": {"reason": "'x'"},
+    "run_now_many": {},
+    "set_many": {"priority": "5", "set_assignee": "false", "assignee": "NULL"},
+    "retry_many": {"one_more": "false"},
+}
+
+
+@MODES
+@pytest.mark.parametrize("statement", BULK)
+async def test_bulk_statements_find_their_rows_by_id_and_join_them_once(big, mode, statement):
+    """A thousand ids: each row is looked up on the primary key, never found by walking
+    a partial index of its state, and `held` is never rescanned for each updated row."""
+    ids = text_array([f"td_p{i}" for i in range(1, 1001)])
+    values = {"ids": ids, "actor_kind": "'operator'", "actor": "'o'", **BULK[statement]}
+    plan = await explain(big, getattr(TRANSITIONS, statement), values, mode)
+    # retry_many keeps one dead todo per key (DISTINCT ON): a sort of at most its ids
+    found = [f for f in offenders(plan) if not (statement == "retry_many" and "idempotency_key" in f)]
+    assert found == []
+    assert index_scans(plan) <= {"todos_pkey", "todos_dedupe"}, index_scans(plan)
+    for node in nodes(plan):
+        if node["Node Type"] == "Nested Loop":
+            inner = [c for c in node["Plans"] if c.get("Parent Relationship") == "Inner"]
+            assert not any(c["Node Type"] == "CTE Scan" for c in inner), node
 
 
 def held_values(statement: str, todo: str = "td_c1", pending: str = "td_p1") -> dict[str, str]:

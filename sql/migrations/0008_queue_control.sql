@@ -31,11 +31,11 @@ ALTER TABLE todo_history ADD COLUMN changes jsonb;
 -- skipped in the index. Replaces 0007's (ready_at, queue).
 DROP INDEX todos_ready;
 CREATE INDEX todos_ready ON todos ((-priority), ready_at, queue) WHERE state = 'pending';
--- One queue's pending todos in claim order (a claim of one rare queue), and the overview's
--- ready / scheduled / retrying counts per queue, index-only.
-DROP INDEX todos_ready_by_queue;
-CREATE INDEX todos_ready_by_queue ON todos (queue, (-priority), ready_at) INCLUDE (next_retry_at, created_at)
-    WHERE state = 'pending';
+-- todos_ready_by_queue (0007) stays as it is, on (queue, ready_at) without the priority:
+-- the overview's ready / scheduled / retrying counts per queue read it index-only. With
+-- -priority in it, claims' generic plans took it over todos_ready once priorities were
+-- mixed (an equality on its second column looked selective): every claim read a whole
+-- priority level of the claimed queues and sorted it (bench/queue_control.py: 24 todos/s).
 
 -- A paused queue: claims skip it; enqueue, heartbeats and acks go on. Resuming deletes
 -- the row. queue_history keeps every pause and resume.

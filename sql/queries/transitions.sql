@@ -381,11 +381,12 @@ SELECT * FROM retried;
 -- retry for many dead-letters :ids in one statement. A dead todo whose idempotency key a
 -- live todo holds is left dead, and of several with one key only the newest is retried
 -- (the dedupe index allows one live todo per key). A concurrent create of the same key
--- can still raise unique_violation: the store then retries them one by one.
+-- can still raise unique_violation: the store then retries them one by one. (state::text:
+-- see cancel_many.)
 WITH candidates AS (
     SELECT DISTINCT ON (d.queue, coalesce(d.idempotency_key, d.id)) d.id
     FROM todos d
-    WHERE d.id = ANY (:ids::text[]) AND d.state = 'failed'
+    WHERE d.id = ANY (:ids::text[]) AND d.state::text = 'failed'
       AND (d.idempotency_key IS NULL OR NOT EXISTS (
                SELECT FROM todos live
                WHERE live.queue = d.queue AND live.idempotency_key = d.idempotency_key
@@ -399,7 +400,7 @@ WITH candidates AS (
         attempt = CASE WHEN :one_more THEN attempt ELSE 0 END,
         max_attempts = CASE WHEN :one_more THEN attempt + 1 ELSE max_attempts END,
         updated_at = clock_timestamp()
-    WHERE id = ANY (ARRAY (SELECT id FROM candidates)) AND state = 'failed'
+    WHERE id = ANY (ARRAY (SELECT id FROM candidates)) AND state::text = 'failed'
     RETURNING *
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
@@ -450,9 +451,13 @@ WHERE d.id = :id;
 -- owner and lease token, so its holder's next heartbeat or ack is told it was cancelled.
 -- :scope, when not null, is a producer's token's queues. Rows it does not change (gone,
 -- finished meanwhile) are left alone and not locked.
+-- The bulk statements compare state::text, so that only the primary key can find their
+-- rows (a partial index of one state, walked whole and filtered by id, cost 4x), and join
+-- `held` on id alone (with `id = ANY (ARRAY (…))` as well, a generic plan joined every
+-- held row to every updated one).
 WITH held AS (
     SELECT id, state FROM todos
-    WHERE id = ANY (:ids::text[]) AND state IN ('pending', 'claimed')
+    WHERE id = ANY (:ids::text[]) AND state::text IN ('pending', 'claimed')
       AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
     FOR UPDATE
 ), cancelled AS (
@@ -462,7 +467,7 @@ WITH held AS (
         cancelled_at = clock_timestamp(), cancelled_by_kind = :actor_kind, cancelled_by = :actor,
         cancel_reason = :reason
     FROM held h
-    WHERE t.id = ANY (ARRAY (SELECT id FROM held)) AND t.id = h.id
+    WHERE t.id = h.id
     RETURNING t.*, h.state AS was
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
@@ -478,7 +483,7 @@ SELECT * FROM cancelled;
 WITH due AS (
     UPDATE todos
     SET ready_at = clock_timestamp(), next_retry_at = NULL, updated_at = clock_timestamp()
-    WHERE id = ANY (:ids::text[]) AND state = 'pending' AND ready_at > clock_timestamp()
+    WHERE id = ANY (:ids::text[]) AND state::text = 'pending' AND ready_at > clock_timestamp()
       AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
     RETURNING *
 ), logged AS (
@@ -493,7 +498,7 @@ SELECT * FROM due;
 -- :ids that are pending or dead-lettered, and differ. The history row says what changed.
 WITH held AS (
     SELECT id, priority, assignee FROM todos
-    WHERE id = ANY (:ids::text[]) AND state IN ('pending', 'failed')
+    WHERE id = ANY (:ids::text[]) AND state::text IN ('pending', 'failed')
       AND (:priority::int IS NULL OR priority <> :priority::int
            OR (:set_assignee AND assignee IS DISTINCT FROM :assignee::text))
       AND (:priority::int IS NOT NULL OR (:set_assignee AND assignee IS DISTINCT FROM :assignee::text))
@@ -506,7 +511,7 @@ WITH held AS (
         assignee_until = CASE WHEN :set_assignee THEN NULL ELSE t.assignee_until END,
         updated_at = clock_timestamp()
     FROM held h
-    WHERE t.id = ANY (ARRAY (SELECT id FROM held)) AND t.id = h.id
+    WHERE t.id = h.id
     RETURNING t.*, jsonb_strip_nulls(jsonb_build_object(
         'priority', CASE WHEN t.priority <> h.priority THEN jsonb_build_array(h.priority, t.priority) END,
         'assignee', CASE WHEN t.assignee IS DISTINCT FROM h.assignee
@@ -532,7 +537,7 @@ WITH edited AS (
         next_retry_at = CASE WHEN state = 'pending' AND :run_at::timestamptz IS NOT NULL
                              THEN NULL ELSE next_retry_at END,
         updated_at = clock_timestamp()
-    WHERE id = :id AND state IN ('pending', 'failed') AND updated_at = :updated_at
+    WHERE id = :id AND state::text IN ('pending', 'failed') AND updated_at = :updated_at
       AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
     RETURNING *
 ), logged AS (
