@@ -57,6 +57,7 @@ from stats import Series, pct, rotated, table, timed
 
 from dashboard import db as dbmod
 from dashboard import queries
+from dashboard.claim_cursor import TOP_RANK
 from dashboard.models import PRODUCER, Actor, NewTodo
 from dashboard.notify import Hub
 from dashboard.store import HintSink, Store
@@ -107,13 +108,19 @@ def create_values(ids, numbers, keys, actor: Actor) -> dict:
         "max_attempts": [5] * n,
         "event_ids": [None] * n,
         "dedupe_hits": [0] * n,
+        "priorities": [0] * n,
+        "run_ats": [None] * n,
+        "delays": [None] * n,
+        "assignee_untils": [None] * n,
         "actor_kind": actor.kind,
         "actor": actor.name,
     }
 
 
-def claim_values(owner: str) -> dict:
-    return {"queues": [QUEUE], "owner": owner, "ttl": TTL, "n": 1}
+def claim_values(owner: str, rank: int = TOP_RANK, after=None) -> dict:
+    """From the oldest, or from (rank, after): where the last claim ended, as the store's
+    ClaimCursors passes it between full scans."""
+    return {"queues": [QUEUE], "owner": owner, "ttl": TTL, "n": 1, "rank": rank, "after": after}
 
 
 def complete_values(todo_id: str, owner: str, lease: int) -> dict:
@@ -155,13 +162,13 @@ async def enqueue_pending(admin: asyncpg.Connection, n: int) -> None:
 
 async def baseline_claim_complete(conn: asyncpg.Connection, owner: str) -> int:
     """claim one, complete it; the store's two statements, straight through asyncpg."""
-    done = 0
-    claim_args = CLAIM.args(claim_values(owner))
+    done, position = 0, {}
     while True:
-        claimed = await conn.fetch(CLAIM.sql, *claim_args)
+        claimed = await conn.fetch(CLAIM.sql, *CLAIM.args(claim_values(owner, **position)))
         if not claimed:
             return done
         todo = claimed[0]
+        position = {"rank": -todo["priority"], "after": todo["ready_at"]}
         completed = await conn.fetch(
             COMPLETE.sql, *COMPLETE.args(complete_values(todo["id"], owner, todo["lease_token"]))
         )
@@ -214,7 +221,8 @@ class PgbScript:
 
 def pgbench_text(statement: queries.Statement, values: dict[str, str]) -> str:
     """`statement` as a pgbench command, each parameter written as values[name] (a
-    `:variable`, or NULL), without comments, blank lines or the final semicolon."""
+    `:variable`, an expression of one such as `-:c_priority`, or NULL), without comments,
+    blank lines or the final semicolon."""
     statement.args(values)  # every parameter, and only those (TypeError otherwise)
 
     def written(match: re.Match) -> str:
@@ -226,7 +234,7 @@ def pgbench_text(statement: queries.Statement, values: dict[str, str]) -> str:
 
     text = _PGB_TOKEN.sub(written, statement.sql)
     text = "\n".join(line.rstrip() for line in text.splitlines() if line.strip()).rstrip(";")
-    wanted = {v[1:] for v in values.values() if v.startswith(":")}
+    wanted = {name for v in values.values() for name in re.findall(r"(?<!:):([a-z_][a-z0-9_]*)", v)}
     found = {m.group(1) for m in _PGB_VARIABLE.finditer(text) if m.group(1)}
     if found != wanted:  # pgbench would take something else in the text for a variable
         raise SystemExit(
@@ -249,8 +257,16 @@ def array_literal(items: list) -> str:
 
 def pgb_claim_values() -> dict[str, str]:
     r"""claim_batch's values. Each claim starts where the client's last one ended (the
-    ready_at its `\gset c_` left), as the store's ClaimCursors does between full scans."""
-    return {"queues": ":queues", "owner": ":client_id", "ttl": ":ttl", "n": ":n", "after": ":c_ready_at"}
+    priority and ready_at its `\gset c_` left), as the store's ClaimCursors does between
+    full scans."""
+    return {
+        "queues": ":queues",
+        "owner": ":client_id",
+        "ttl": ":ttl",
+        "n": ":n",
+        "rank": "-:c_priority",
+        "after": ":c_ready_at",
+    }
 
 
 def pgb_held(todo: str = "c_") -> dict[str, str]:
@@ -258,7 +274,12 @@ def pgb_held(todo: str = "c_") -> dict[str, str]:
     return {"id": f":{todo}id", "owner": ":client_id", "lease": f":{todo}lease_token", "scope": "NULL"}
 
 
-PGB_CLAIM_VARIABLES = {"queues": array_literal([QUEUE]), "ttl": str(TTL), "c_ready_at": "-infinity"}
+PGB_CLAIM_VARIABLES = {
+    "queues": array_literal([QUEUE]),
+    "ttl": str(TTL),
+    "c_priority": str(-TOP_RANK),  # from the oldest: the top priority's level, from -infinity
+    "c_ready_at": "-infinity",
+}
 
 
 def pgb_claim_complete() -> PgbScript:
@@ -277,7 +298,14 @@ def pgb_complete_and_claim_next() -> PgbScript:
     claim = pgbench_text(CLAIM, pgb_claim_values())
     cacn = pgbench_text(
         SQL.complete_and_claim_next,
-        {**pgb_held(), "queues": ":queues", "ttl": ":ttl", "result": "NULL", "after": ":c_ready_at"},
+        {
+            **pgb_held(),
+            "queues": ":queues",
+            "ttl": ":ttl",
+            "result": "NULL",
+            "rank": "-:c_priority",
+            "after": ":c_ready_at",
+        },
     )
     text = f"\\if :started = 0\n{claim} \\gset c_\n\\set started 1\n\\endif\n{cacn} \\aset c_\n"
     return PgbScript("complete_and_claim_next", text, {**PGB_CLAIM_VARIABLES, "n": "1", "started": "0"}, 1)
@@ -289,13 +317,15 @@ def pgb_batches(n: int) -> PgbScript:
     claim's last line returns its rows' ids and leases as two arrays instead of the rows
     (its CTEs, the work, are the statement's own)."""
     claim = pgbench_text(CLAIM, pgb_claim_values())
-    rows = "SELECT * FROM claimed ORDER BY ready_at"
+    rows = "SELECT * FROM claimed ORDER BY -priority, ready_at"
     if not claim.endswith(rows):
         raise SystemExit(f"claim_batch no longer ends with {rows!r}; adapt pgb_batches")
     claim = claim.removesuffix(rows) + (
-        "SELECT array_agg(id ORDER BY ready_at)::text AS ids,"
-        " array_agg(lease_token ORDER BY ready_at)::text AS leases,"
-        " coalesce(max(ready_at), :c_ready_at) AS ready_at FROM claimed"
+        "SELECT array_agg(id ORDER BY -priority, ready_at)::text AS ids,"
+        " array_agg(lease_token ORDER BY -priority, ready_at)::text AS leases,"
+        " coalesce((array_agg(ready_at ORDER BY -priority DESC, ready_at DESC))[1], :c_ready_at) AS ready_at,"
+        " coalesce((array_agg(priority ORDER BY -priority DESC, ready_at DESC))[1], :c_priority) AS priority"
+        " FROM claimed"
     )
     many = pgbench_text(
         SQL.complete_many,
