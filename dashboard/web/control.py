@@ -31,13 +31,7 @@ from dashboard.web.pages import (
 from dashboard.web.responses import after_action, page, redirect
 
 BULK_MAX = 100_000  # todos one "all matching" action takes at most
-BULK_ACTIONS = {
-    "cancel": "Cancel",
-    "retry": "Retry",
-    "run_now": "Run now",
-    "priority": "Set priority",
-    "reassign": "Reassign",
-}
+BULK_ACTIONS = ("cancel", "retry", "run_now", "priority", "reassign")  # run_bulk's
 
 
 def _reason(form) -> str | None:
