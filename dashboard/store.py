@@ -851,7 +851,7 @@ async def _edit(db, todo_id: str, actor: Actor, edit: TodoEdit, scope: Scope | N
         raise Conflict(
             f"cannot edit todo {todo_id}: it is {todo.state}{held}; "
             "only pending and dead todos can be edited",
-            current={"state": todo.state, "owner": todo.owner},
+            current={"state": todo.state, "owner": todo.owner, "assignee": todo.assignee},
         )
     new = {f: getattr(todo, f) for f in _EDITABLE}
     if "title" in given:
@@ -875,7 +875,7 @@ async def _edit(db, todo_id: str, actor: Actor, edit: TodoEdit, scope: Scope | N
     run_at = check_time(given.get("run_at"), "run_at")
     if run_at is not None and todo.state != "pending":
         raise InvalidInput("run_at", "only a pending todo can be scheduled (retry the dead one with it)")
-    if new["max_attempts"] < todo.attempt and todo.state == "pending":
+    if "max_attempts" in given and new["max_attempts"] < todo.attempt and todo.state == "pending":
         raise InvalidInput(
             "max_attempts", f"must be at least the attempts already made ({todo.attempt}) while it is pending"
         )
