@@ -96,14 +96,15 @@ class CommandWorker:
                 if response.status_code < 400:
                     return response.json()
                 try:
-                    body = response.json()
+                    answer = response.json()
                 except ValueError:
-                    body = None
-                body = body if isinstance(body, dict) else {}
-                detail = body.get("detail", response.text)
-                if response.status_code < 500 and response.status_code != 429:
-                    raise ApiError(response.status_code, f"{response.status_code} on {path}: {detail}", body)
-                problem = f"{response.status_code} {detail}"
+                    answer = None
+                answer = answer if isinstance(answer, dict) else {}  # the problem details
+                detail = answer.get("detail", response.text)
+                status = response.status_code
+                if status < 500 and status != 429:
+                    raise ApiError(status, f"{status} on {path}: {detail}", answer)
+                problem = f"{status} {detail}"
             loop = asyncio.get_running_loop()
             if self.stopping.is_set():
                 give_up = give_up or loop.time() + GRACE
