@@ -23,6 +23,7 @@ def duration(seconds: float | None) -> str:
     s = abs(seconds)
     if s < 1:
         return f"{s * 1000:.0f}ms"
+    s = round(s)  # whole seconds first: 599.97 s is "10m 0s", not "9m 60s"
     if s < 60:
         return f"{s:.0f}s"
     if s < 3600:
