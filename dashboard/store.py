@@ -64,7 +64,7 @@ from dashboard.models import (
     check_ttl,
     json_encode,
 )
-from dashboard.queries import HINTS
+from dashboard.queries import HINTS, READS
 from dashboard.queries import TRANSITIONS as SQL
 
 log = logging.getLogger("switchboard.store")
@@ -484,7 +484,7 @@ class Store:
             for todo_id in [i for i in todo_ids if i not in retried][:EXAMPLES]:
                 row = await SQL.live_todo_with_key.fetchrow(self.db, id=todo_id)
                 if row is not None and row["live_id"]:
-                    report.examples.append(str(await self._key_taken(todo_id)))
+                    report.examples.append(str(_key_conflict(todo_id, row)))
         for todo in report.changed:
             metrics.retried(todo)
         await self._hint(t.queue for t in report.changed)
@@ -762,13 +762,7 @@ class Store:
         return Conflict("cannot complete the batch: its todos changed meanwhile; try again")
 
     async def _key_taken(self, todo_id: str) -> Conflict:
-        row = await SQL.live_todo_with_key.fetchrow(self.db, id=todo_id)
-        holder = f"{row['live_id']} ({row['live_state']})" if row["live_id"] else "another todo"
-        return Conflict(
-            f"cannot retry todo {todo_id}: a live todo already holds key "
-            f"{row['idempotency_key']!r} in queue {row['queue']}: {holder}",
-            current={"live_todo": row["live_id"]},
-        )
+        return _key_conflict(todo_id, await SQL.live_todo_with_key.fetchrow(self.db, id=todo_id))
 
 
 _TODO_COLUMNS = (
@@ -817,6 +811,17 @@ async def _retried(db, todo_id: str, actor: Actor, *, one_more: bool):
     return await SQL.retry.fetchrow(db, id=todo_id, **_recorded(actor), one_more=one_more)
 
 
+def _key_conflict(todo_id: str, row) -> Conflict:
+    """Why dead todo `todo_id` cannot be retried: `row` (live_todo_with_key) names the live
+    todo that holds its key."""
+    holder = f"{row['live_id']} ({row['live_state']})" if row["live_id"] else "another todo"
+    return Conflict(
+        f"cannot retry todo {todo_id}: a live todo already holds key "
+        f"{row['idempotency_key']!r} in queue {row['queue']}: {holder}",
+        current={"live_todo": row["live_id"]},
+    )
+
+
 def _reason(reason: Any) -> str | None:
     reason = check_text(reason, "reason", limit=MAX_REASON)
     return reason.strip() or None if reason is not None else None
@@ -840,7 +845,7 @@ async def _edit(db, todo_id: str, actor: Actor, edit: TodoEdit, scope: Scope | N
         raise InvalidInput("edit", "give at least one field to change")
     if "idempotency_key" in given:  # forbid_unknown_fields refuses it from JSON already
         raise InvalidInput("idempotency_key", "cannot be edited")
-    row = await SQL.todo_for_edit.fetchrow(db, id=todo_id)
+    row = await READS.todo.fetchrow(db, id=todo_id)
     if row is None:
         raise NotFound(f"no todo {todo_id}")
     if scope is not None:

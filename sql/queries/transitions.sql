@@ -574,9 +574,6 @@ SELECT * FROM resumed;
 -- name: queue_pause
 SELECT * FROM queue_pauses WHERE queue = :queue;
 
--- name: todo_for_edit
-SELECT * FROM todos WHERE id = :id;
-
 -- name: states_of
 -- What became of the todos a bulk action skipped: how many are in each state.
 SELECT state::text, count(*)::int AS n FROM todos WHERE id = ANY (:ids::text[]) GROUP BY state;
