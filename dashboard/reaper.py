@@ -13,6 +13,7 @@ import os
 
 from dashboard.errors import DatabaseUnavailable
 from dashboard.horizon import HorizonWatch
+from dashboard.rollups import Rollups
 from dashboard.store import Store
 
 log = logging.getLogger("switchboard.reaper")
@@ -22,6 +23,8 @@ DEFAULT_INTERVAL = 1.0
 DEFAULT_RETENTION_DAYS = 7.0
 PRUNE_EVERY = 60.0  # seconds between prune passes
 HORIZON_EVERY = 10.0  # seconds between looks at what holds back vacuum
+ROLLUP_EVERY = 5.0  # seconds between rollup passes (a minute is rolled soon after it ends)
+SAMPLE_EVERY = 10.0  # seconds between samples of the backlog
 
 
 def retention_seconds() -> float:
@@ -82,18 +85,28 @@ async def run_reaper(
     horizon: HorizonWatch | None = None,
 ) -> None:
     """Reap every `interval` seconds until `stop` is set; errors are logged, not fatal.
-    With `horizon`, also log what holds back vacuum (HorizonLog) every HORIZON_EVERY."""
+    Roll up history and sample the backlog (dashboard/rollups.py) every ROLLUP_EVERY and
+    SAMPLE_EVERY. With `horizon`, also log what holds back vacuum (HorizonLog) every
+    HORIZON_EVERY."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
-    next_prune = next_horizon = loop.time()
+    next_prune = next_horizon = next_rollup = next_sample = loop.time()
     watch = HorizonLog(horizon) if horizon is not None else None
+    rollups = Rollups(store.db)
     while not stop.is_set():
         try:
             await reap_once(store)
+            if loop.time() >= next_rollup:
+                await rollups.roll()
+                next_rollup = loop.time() + ROLLUP_EVERY
+            if loop.time() >= next_sample:
+                await rollups.sample()
+                next_sample = loop.time() + SAMPLE_EVERY
             if loop.time() >= next_prune:
                 pruned = await store.prune(retention_seconds(), batch=BATCH)
                 if pruned:
                     log.info("pruned %d finished todos", pruned)
+                await rollups.prune()
                 next_prune = loop.time() + PRUNE_EVERY
             if watch is not None and loop.time() >= next_horizon:
                 await watch.check(loop.time())

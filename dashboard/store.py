@@ -739,6 +739,9 @@ class Store:
             facts += f"; lease {lease} is stale (the current lease is {row['lease_token']})"
         if lease is not None and lease != row["lease_token"]:  # a later claim superseded it
             metrics.fenced(row["queue"], action)
+            await SQL.record_stale_ack.execute(
+                self.db, agent=actor, id=todo_id, queue=row["queue"], action=action, lease=lease
+            )
         current = {
             "state": state,
             "owner": owner,

@@ -18,7 +18,17 @@ from dashboard.store import Store
 
 # Every table a test may write to, and so every table a snapshot compares and empty_tables
 # empties. Operators and app secrets stay: a module-scoped app keeps using its secrets.
-TABLES = ("todos", "todo_history", "events", "api_tokens", "queue_pauses", "queue_history")
+TABLES = (
+    "todos",
+    "todo_history",
+    "events",
+    "api_tokens",
+    "queue_pauses",
+    "queue_history",
+    "queue_rollups",
+    "agent_rollups",
+    "stale_acks",
+)
 
 # -- names ------------------------------------------------------------------------------
 

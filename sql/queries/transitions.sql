@@ -38,11 +38,13 @@ WITH upserted AS (
                       updated_at = now()
     RETURNING t.*
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
+                              event, queue, elapsed)
     SELECT id,
            CASE WHEN id = ANY (:ids::text[]) THEN NULL ELSE state END,
            state, :actor_kind, :actor, attempt,
-           CASE WHEN id = ANY (:ids::text[]) THEN 'created' ELSE 'duplicate delivery collapsed' END
+           CASE WHEN id = ANY (:ids::text[]) THEN 'created' ELSE 'duplicate delivery collapsed' END,
+           CASE WHEN id = ANY (:ids::text[]) THEN 'created' ELSE 'deduplicated' END, queue, NULL
     FROM upserted
 )
 SELECT * FROM upserted;
@@ -107,8 +109,10 @@ WITH open AS (
                              UNION ALL SELECT id FROM lower))
     RETURNING t.*
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
-    SELECT id, 'pending', 'claimed', 'agent', :owner, attempt, 'claimed' FROM claimed
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
+                              event, queue, elapsed)
+    SELECT id, 'pending', 'claimed', 'agent', :owner, attempt, 'claimed',
+           'claimed', queue, extract(epoch FROM claimed_at - ready_at) FROM claimed
 )
 SELECT * FROM claimed ORDER BY -priority, ready_at;
 
@@ -124,8 +128,10 @@ WITH completed AS (
       AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
     RETURNING *
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
-    SELECT id, 'claimed', 'done', 'agent', :owner, attempt, 'completed' FROM completed
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
+                              event, queue, elapsed)
+    SELECT id, 'claimed', 'done', 'agent', :owner, attempt, 'completed',
+           'completed', queue, extract(epoch FROM completed_at - claimed_at) FROM completed
 )
 SELECT * FROM completed;
 
@@ -151,8 +157,10 @@ WITH items AS (
       AND (NOT :all_or_none OR (SELECT count(*) FROM held) = cardinality(:ids::text[]))
     RETURNING t.*
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
-    SELECT id, 'claimed', 'done', 'agent', :owner, attempt, 'completed' FROM completed
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
+                              event, queue, elapsed)
+    SELECT id, 'claimed', 'done', 'agent', :owner, attempt, 'completed',
+           'completed', queue, extract(epoch FROM completed_at - claimed_at) FROM completed
 )
 SELECT * FROM completed;
 
@@ -210,11 +218,14 @@ WITH completed AS (
                              UNION ALL SELECT id FROM lower))
     RETURNING t.*
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
-    SELECT id, 'claimed'::todo_state, 'done'::todo_state, 'agent', :owner, attempt, 'completed'
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
+                              event, queue, elapsed)
+    SELECT id, 'claimed'::todo_state, 'done'::todo_state, 'agent', :owner, attempt, 'completed',
+           'completed', queue, extract(epoch FROM completed_at - claimed_at)::real
     FROM completed
     UNION ALL
-    SELECT id, 'pending', 'claimed', 'agent', :owner, attempt, 'claimed' FROM claimed
+    SELECT id, 'pending', 'claimed', 'agent', :owner, attempt, 'claimed',
+           'claimed', queue, extract(epoch FROM claimed_at - ready_at)::real FROM claimed
 )
 SELECT 'completed' AS part, * FROM completed
 UNION ALL
@@ -238,8 +249,10 @@ WITH claimed AS (
       AND NOT EXISTS (SELECT FROM queue_pauses p WHERE p.queue = todos.queue)
     RETURNING *
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
-    SELECT id, 'pending', 'claimed', 'agent', :owner, attempt, 'claimed by id' FROM claimed
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
+                              event, queue, elapsed)
+    SELECT id, 'pending', 'claimed', 'agent', :owner, attempt, 'claimed by id',
+           'claimed', queue, extract(epoch FROM claimed_at - ready_at) FROM claimed
 )
 SELECT * FROM claimed;
 
@@ -254,8 +267,9 @@ WITH beat AS (
       AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
     RETURNING *
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
-    SELECT id, 'claimed', 'claimed', 'agent', :owner, attempt, 'heartbeat' FROM beat
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
+                              event, queue, elapsed)
+    SELECT id, 'claimed', 'claimed', 'agent', :owner, attempt, 'heartbeat', 'heartbeat', queue, NULL FROM beat
 )
 SELECT * FROM beat;
 
@@ -269,8 +283,10 @@ WITH released AS (
       AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
     RETURNING *
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
-    SELECT id, 'claimed', 'pending', 'agent', :owner, attempt, 'released' FROM released
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
+                              event, queue, elapsed)
+    SELECT id, 'claimed', 'pending', 'agent', :owner, attempt, 'released',
+           'released', queue, extract(epoch FROM updated_at - claimed_at) FROM released
 )
 SELECT * FROM released;
 
@@ -297,8 +313,10 @@ WITH held AS (
     WHERE t.id = h.id AND t.id = :id
     RETURNING t.*
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
-    SELECT id, 'claimed', state, 'agent', :owner, attempt, :error FROM failed
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
+                              event, queue, elapsed)
+    SELECT id, 'claimed', state, 'agent', :owner, attempt, :error,
+           'failed', queue, extract(epoch FROM updated_at - claimed_at) FROM failed
 )
 SELECT * FROM failed;
 
@@ -328,8 +346,10 @@ WITH expired AS (
       AND t.state = 'claimed' AND t.lease_expires_at < now()
     RETURNING t.*
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
-    SELECT id, 'claimed', state, 'system', 'reaper', attempt, last_error FROM reaped
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
+                              event, queue, elapsed)
+    SELECT id, 'claimed', state, 'system', 'reaper', attempt, last_error,
+           'reaped', queue, extract(epoch FROM updated_at - claimed_at) FROM reaped
 )
 SELECT * FROM reaped;
 
@@ -348,8 +368,10 @@ WITH due AS (
     WHERE t.id = ANY (ARRAY (SELECT id FROM due)) AND t.state = 'pending'
     RETURNING t.*
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
-    SELECT id, 'pending', 'pending', 'system', 'reaper', attempt, 'retry due' FROM promoted
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
+                              event, queue, elapsed)
+    SELECT id, 'pending', 'pending', 'system', 'reaper', attempt, 'retry due', 'retry_due', queue, NULL
+    FROM promoted
 )
 SELECT count(*)::int AS promoted, coalesce(array_agg(DISTINCT queue), '{}') AS queues FROM promoted;
 
@@ -369,10 +391,12 @@ WITH retried AS (
     WHERE id = :id AND state = 'failed'
     RETURNING *
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
+                              event, queue, elapsed)
     SELECT id, 'failed', 'pending', :actor_kind, :actor, attempt,
            CASE WHEN :one_more THEN 'retried by operator: one more attempt'
-                ELSE 'retried by operator: fresh budget' END
+                ELSE 'retried by operator: fresh budget' END,
+           'retried', queue, NULL
     FROM retried
 )
 SELECT * FROM retried;
@@ -403,10 +427,12 @@ WITH candidates AS (
     WHERE id = ANY (ARRAY (SELECT id FROM candidates)) AND state::text = 'failed'
     RETURNING *
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
+                              event, queue, elapsed)
     SELECT id, 'failed', 'pending', :actor_kind, :actor, attempt,
            CASE WHEN :one_more THEN 'retried by operator: one more attempt'
-                ELSE 'retried by operator: fresh budget' END
+                ELSE 'retried by operator: fresh budget' END,
+           'retried', queue, NULL
     FROM retried
 )
 SELECT * FROM retried;
@@ -422,9 +448,11 @@ WITH released AS (
     FROM released WHERE t.id = released.id
     RETURNING t.*
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
+                              event, queue, elapsed)
     SELECT u.id, 'claimed', 'pending', :actor_kind, :actor, u.attempt,
-           'lease force-released (was held by ' || r.owner || ')'
+           'lease force-released (was held by ' || r.owner || ')',
+           'force_released', u.queue, extract(epoch FROM u.updated_at - u.claimed_at)
     FROM updated u JOIN released r USING (id)
 )
 SELECT * FROM updated;
@@ -436,6 +464,12 @@ SELECT t.queue, t.state, t.owner, t.assignee, t.assignee_until, t.lease_token, t
        p.paused_at, p.reason AS paused_reason, now() AS now
 FROM todos t LEFT JOIN queue_pauses p ON p.queue = t.queue
 WHERE t.id = :id;
+
+-- name: record_stale_ack
+-- An agent's ack on todo :id refused because a later claim superseded its :lease (the
+-- agents page counts these). Written on the refusal only, never on the hot path.
+INSERT INTO stale_acks (agent, todo_id, queue, action, lease)
+VALUES (:agent, :id, :queue, :action, :lease);
 
 -- name: live_todo_with_key
 -- Why a retry of todo :id broke the dedupe index: the live todo that holds its key.
@@ -470,9 +504,11 @@ WITH held AS (
     WHERE t.id = h.id
     RETURNING t.*, h.state AS was
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
+                              event, queue, elapsed)
     SELECT id, was, 'failed', :actor_kind, :actor, attempt,
-           'cancelled' || coalesce(': ' || :reason, '')
+           'cancelled' || coalesce(': ' || :reason, ''),
+           'cancelled', queue, CASE WHEN was = 'claimed' THEN extract(epoch FROM completed_at - claimed_at) END
     FROM cancelled
 )
 SELECT * FROM cancelled;
@@ -487,8 +523,9 @@ WITH due AS (
       AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
     RETURNING *
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note)
-    SELECT id, 'pending', 'pending', :actor_kind, :actor, attempt, 'run now' FROM due
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
+                              event, queue, elapsed)
+    SELECT id, 'pending', 'pending', :actor_kind, :actor, attempt, 'run now', 'run_now', queue, NULL FROM due
 )
 SELECT * FROM due;
 
@@ -517,8 +554,10 @@ WITH held AS (
         'assignee', CASE WHEN t.assignee IS DISTINCT FROM h.assignee
                          THEN jsonb_build_array(h.assignee, t.assignee) END)) AS changes
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note, changes)
-    SELECT id, state, state, :actor_kind, :actor, attempt, 'edited', changes FROM changed
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note, changes,
+                              event, queue, elapsed)
+    SELECT id, state, state, :actor_kind, :actor, attempt, 'edited', changes, 'edited', queue, NULL
+    FROM changed
 )
 SELECT * FROM changed;
 
@@ -541,8 +580,10 @@ WITH edited AS (
       AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
     RETURNING *
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note, changes)
-    SELECT id, state, state, :actor_kind, :actor, attempt, :note, :changes::text::jsonb FROM edited
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note, changes,
+                              event, queue, elapsed)
+    SELECT id, state, state, :actor_kind, :actor, attempt, :note, :changes::text::jsonb, 'edited', queue, NULL
+    FROM edited
 )
 SELECT * FROM edited;
 

@@ -1,0 +1,284 @@
+"""The rollup job: its rows agree with what happened, whole minutes only, gaps filled,
+one process at a time; the backlog samples; refused acks recorded for the agents page."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from dashboard.errors import Conflict
+from dashboard.models import Actor
+from dashboard.rollups import BOUNDS, SQL, Rollups, percentile
+from dashboard.store import Store
+from tests.factories import enqueue, expire_lease, new_todo
+
+STEPS = (
+    "created",
+    "deduplicated",
+    "claimed",
+    "completed",
+    "failed",
+    "dead",
+    "reaped",
+    "released",
+    "cancelled",
+)
+
+
+async def age_history(db, minutes: float, spread: int = 1) -> None:
+    """Every history row happened `minutes` earlier (and rows spread over `spread`
+    consecutive minutes by id), and the job has rolled nothing since before the oldest:
+    as when the app was down while the work happened."""
+    await db.execute(
+        "UPDATE todo_history SET at = at - make_interval(secs => $1 * 60 + (id % $2) * 60)",
+        float(minutes),
+        spread,
+    )
+    await db.execute(
+        "UPDATE rollup_progress SET rolled_until = (SELECT date_trunc('minute', min(at)) FROM todo_history)"
+    )
+
+
+async def minute_totals(db) -> dict[str, Counter]:
+    rows = await db.fetch("SELECT * FROM queue_rollups WHERE grain = 'minute'")
+    totals: dict[str, Counter] = {}
+    for r in rows:
+        c = totals.setdefault(r["queue"], Counter())
+        for step in STEPS:
+            c[step] += r[step]
+        c["waited"] += sum(r["waited"])
+        c["ran"] += sum(r["ran"])
+    return totals
+
+
+async def workload(store: Store, db, rng: random.Random) -> dict[str, Counter]:
+    """A random mix of every step over three queues; what it did, per queue."""
+    did: dict[str, Counter] = {}
+    queues = ["alpha", "beta", "gamma"]
+    held = []
+    for _ in range(160):
+        queue = rng.choice(queues)
+        c = did.setdefault(queue, Counter())
+        op = rng.random()
+        if op < 0.35:
+            key = rng.choice([None, "k1", "k2", "k3"])
+            created = await store.create(new_todo(queue, "t", idempotency_key=key, max_attempts=2))
+            c["created" if created.created else "deduplicated"] += 1
+        elif op < 0.6:
+            todo = await store.claim_next([queue], rng.choice(["ann", "bob"]), 300)
+            if todo:
+                c["claimed"] += 1
+                c["waited"] += 1
+                held.append(todo)
+        elif held:
+            todo = held.pop(rng.randrange(len(held)))
+            c = did.setdefault(todo.queue, Counter())
+            what = rng.choice(["complete", "fail", "release", "reap", "cancel"])
+            if what == "complete":
+                await store.complete(todo.id, todo.owner, todo.lease_token)
+                c["completed"] += 1
+                c["ran"] += 1
+            elif what == "fail":
+                after = await store.fail(todo.id, todo.owner, todo.lease_token, "boom")
+                c["failed"] += 1
+                c["ran"] += 1
+                c["dead"] += after.state == "failed"
+            elif what == "release":
+                await store.release(todo.id, todo.owner, todo.lease_token)
+                c["released"] += 1
+            elif what == "reap":
+                await expire_lease(db, todo.id)
+                (after,) = await store.reap()
+                c["reaped"] += 1
+                c["dead"] += after.state == "failed"
+            else:
+                await store.cancel(todo.id, Actor("operator", "olga"), "not needed")
+                c["cancelled"] += 1
+    return did
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_rollups_match_what_happened(conn, seed):
+    store = Store(conn)
+    did = await workload(store, conn, random.Random(seed))
+    await age_history(conn, 5, spread=4)
+
+    rolled = await Rollups(conn).roll()
+
+    assert rolled >= 4
+    totals = await minute_totals(conn)
+    for queue, expected in did.items():
+        got = totals.get(queue, Counter())
+        for step in (*STEPS, "waited", "ran"):
+            assert got[step] == expected[step], (queue, step)
+    # hour rows are the sum of their minutes
+    hours = await conn.fetch(
+        "SELECT queue, sum(created) AS created, sum(completed) AS completed, sum_elements(waited) AS waited"
+        " FROM queue_rollups WHERE grain = 'hour' GROUP BY queue"
+    )
+    for h in hours:
+        assert h["created"] == did[h["queue"]]["created"]
+        assert h["completed"] == did[h["queue"]]["completed"]
+        assert sum(h["waited"]) == did[h["queue"]]["waited"]
+    assert len(await conn.fetch("SELECT DISTINCT at FROM queue_rollups WHERE grain = 'minute'")) >= 2
+
+
+async def test_agents_minutes_count_their_steps(conn):
+    store = Store(conn)
+    for _ in range(3):
+        await enqueue(store, "work")
+    a = await store.claim_next(["work"], "ann", 300)
+    b = await store.claim_next(["work"], "ann", 300)
+    c = await store.claim_next(["work"], "bob", 300)
+    await store.heartbeat(a.id, "ann", a.lease_token, 300)
+    await store.complete(a.id, "ann", a.lease_token)
+    await store.fail(b.id, "ann", b.lease_token, "nope")
+    await store.release(c.id, "bob", c.lease_token)
+    await age_history(conn, 3)
+
+    await Rollups(conn).roll()
+
+    rows = {
+        r["agent"]: r
+        for r in await conn.fetch(
+            "SELECT agent, sum(claimed) AS claimed, sum(completed) AS completed, sum(failed) AS failed,"
+            " sum(released) AS released, max(last_heartbeat_at) AS beat, max(last_ack_at) AS ack"
+            " FROM agent_rollups GROUP BY agent"
+        )
+    }
+    assert (rows["ann"]["claimed"], rows["ann"]["completed"], rows["ann"]["failed"]) == (2, 1, 1)
+    assert (rows["bob"]["claimed"], rows["bob"]["released"]) == (1, 1)
+    assert rows["ann"]["beat"] is not None and rows["ann"]["ack"] is not None
+
+
+async def test_only_whole_minutes_that_ended_are_rolled(conn):
+    store = Store(conn)
+    await enqueue(store, "now")
+    rollups = Rollups(conn)
+
+    await rollups.roll()
+
+    # the todo was created in this minute (or the one just ended, within the grace): not rolled yet
+    assert await conn.fetchval("SELECT count(*) FROM queue_rollups WHERE created > 0") == 0
+    until = await conn.fetchval("SELECT rolled_until FROM rollup_progress")
+    assert until <= await conn.fetchval("SELECT date_trunc('minute', now())")
+
+
+async def test_a_gap_of_hours_is_filled_from_history(conn):
+    """The app was down for three hours: the next pass rolls every minute since, an hour
+    per transaction, and the hour rows too."""
+    store = Store(conn)
+    for i in range(30):
+        await enqueue(store, "gap", f"t{i}")
+    await conn.execute("UPDATE todo_history SET at = now() - interval '3 hours' + id * interval '5 minutes'")
+    await conn.execute(
+        "UPDATE rollup_progress SET rolled_until = date_trunc('minute', now() - interval '3 hours')"
+    )
+    start = await conn.fetchval("SELECT rolled_until FROM rollup_progress")
+
+    rolled = await Rollups(conn).roll()
+
+    assert rolled >= 179  # every whole minute since (the last one may be within its grace)
+    assert await conn.fetchval("SELECT rolled_until FROM rollup_progress") > start
+    assert await conn.fetchval("SELECT sum(created) FROM queue_rollups WHERE grain = 'minute'") == 30
+    assert await conn.fetchval("SELECT sum(created) FROM queue_rollups WHERE grain = 'hour'") == 30
+    assert await conn.fetchval("SELECT count(DISTINCT at) FROM queue_rollups WHERE grain = 'hour'") >= 3
+
+
+async def test_a_writing_transaction_holds_its_minutes_back(dsn, conn):
+    """History rows are stamped when written and seen when committed: a minute is not
+    rolled while a transaction that began before its end is still writing."""
+    import asyncpg
+
+    writer = await asyncpg.connect(dsn)
+    try:
+        tx = writer.transaction()
+        await tx.start()
+        await writer.execute(
+            "INSERT INTO queue_pauses (queue, actor_kind, actor) VALUES ('w', 'operator', 'x')"
+        )
+        started = await writer.fetchval(
+            "SELECT date_trunc('minute', xact_start) FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+        )
+        async with conn.transaction():
+            row = await SQL.progress.fetchrow(conn, grace=0.0, max_wait=600.0)
+        assert row["rollable_until"] <= started
+        await tx.rollback()
+    finally:
+        await writer.close()
+
+
+async def test_one_job_at_a_time(dsn, conn):
+    """While one process holds the job's lock, another's pass does nothing."""
+    import asyncpg
+
+    store = Store(conn)
+    await enqueue(store, "locked")
+    await age_history(conn, 3)
+    other = await asyncpg.connect(dsn)
+    try:
+        async with other.transaction():
+            assert await SQL.lock.fetchval(other)
+            assert await Rollups(conn).roll() == 0
+        assert await Rollups(conn).roll() > 0
+    finally:
+        await other.close()
+
+
+async def test_backlog_samples_and_zero_when_emptied(conn):
+    store = Store(conn)
+    for i in range(3):
+        await enqueue(store, "backlog", f"t{i}")
+    await enqueue(store, "backlog", "later", delay=3600)
+    rollups = Rollups(conn)
+
+    await rollups.sample()
+    row = await conn.fetchrow("SELECT ready, scheduled, retrying FROM queue_rollups WHERE queue = 'backlog'")
+    assert (row["ready"], row["scheduled"], row["retrying"]) == (3, 1, 0)
+
+    await conn.execute("DELETE FROM todos WHERE queue = 'backlog'")
+    await rollups.sample()
+    row = await conn.fetchrow("SELECT ready, scheduled FROM queue_rollups WHERE queue = 'backlog'")
+    assert (row["ready"], row["scheduled"]) == (0, 0)
+
+
+async def test_rows_past_retention_are_pruned(conn, monkeypatch):
+    await conn.execute(
+        "INSERT INTO queue_rollups (grain, queue, at) VALUES"
+        " ('minute', 'old', now() - interval '3 days'), ('minute', 'new', now() - interval '1 hour'),"
+        " ('hour', 'old', now() - interval '100 days'), ('hour', 'new', now() - interval '10 days')"
+    )
+    await Rollups(conn).prune()
+    rows = await conn.fetch("SELECT grain, queue FROM queue_rollups ORDER BY 1, 2")
+    assert [(r["grain"], r["queue"]) for r in rows] == [("hour", "new"), ("minute", "new")]
+    monkeypatch.setenv("SWITCHBOARD_ROLLUP_MINUTE_HOURS", "0.5")
+    await Rollups(conn).prune()
+    assert await conn.fetchval("SELECT count(*) FROM queue_rollups WHERE grain = 'minute'") == 0
+
+
+async def test_an_ack_refused_by_fencing_is_recorded(conn):
+    store = Store(conn)
+    todo = await enqueue(store, "fenced")
+    first = await store.claim(todo.id, "ann", 300)
+    await expire_lease(conn, todo.id)
+    await store.reap()
+    await conn.execute("UPDATE todos SET ready_at = now(), next_retry_at = NULL WHERE id = $1", todo.id)
+    await store.claim(todo.id, "ann", 300)
+
+    with pytest.raises(Conflict):
+        await store.complete(todo.id, "ann", first.lease_token)
+
+    row = await conn.fetchrow("SELECT agent, todo_id, action, lease FROM stale_acks")
+    assert dict(row) == {"agent": "ann", "todo_id": todo.id, "action": "complete", "lease": first.lease_token}
+
+
+def test_percentiles_from_a_histogram():
+    hist = [0] * (len(BOUNDS) + 1)
+    assert percentile(hist, 0.5) is None
+    one_second = BOUNDS.index(1.0)
+    hist[one_second] = 100  # everything between 0.5 s and 1 s
+    assert BOUNDS[one_second - 1] <= percentile(hist, 0.5) <= 1.0
+    hist[-1] = 100  # and as many above a day
+    assert percentile(hist, 0.95) == BOUNDS[-1]
