@@ -23,15 +23,21 @@ from dashboard.models import (
     Scope,
     Todo,
     check_id,
+    check_json_object,
     check_queue,
     check_text,
 )
+from dashboard.payload_search import containments, parse_terms
 from dashboard.queries import READS as SQL
 
 # A list filter's state: the four states, plus the three faces of pending.
 LIST_STATES = ("ready", "scheduled", "retrying", *STATES)
 RECENT_SECONDS = 3600  # "done (recent)" on the overview
 THROUGHPUT_MINUTES = 15
+# Queue counts are exact up to this many todos (per queue and count); above it they show
+# the rollup job's last backlog sample (at most SAMPLE_AGE old), marked approximate.
+EXACT_COUNT_LIMIT = 1000
+SAMPLE_AGE = 120.0
 MAX_PAGE = 500
 
 # A list state as list_todos' (state, face) parameters.
@@ -57,6 +63,8 @@ class QueueStats(msgspec.Struct, kw_only=True):
     paused_by: str | None = None
     paused_reason: str | None = None
     throughput: list[int] = msgspec.field(default_factory=list)  # completions per minute, oldest first
+    # The counts above EXACT_COUNT_LIMIT: their figure is the last sample (or the limit).
+    approximate: frozenset[str] = frozenset()
 
     @property
     def needs_attention(self) -> bool:
@@ -70,7 +78,8 @@ class TodoFilter(msgspec.Struct, kw_only=True):
     assignee: str | None = None
     owner: str | None = None
     kind: str | None = None
-    search: str | None = None
+    search: str | None = None  # an id, a key, words of a title, or key.path=value terms
+    payload: dict[str, Any] | None = None  # an object the payload contains (the API's)
 
     def checked(self) -> TodoFilter:
         """The filter with every field checked, or InvalidInput naming the bad one."""
@@ -80,6 +89,8 @@ class TodoFilter(msgspec.Struct, kw_only=True):
             raise InvalidInput("state", f"must be one of {', '.join(LIST_STATES)}")
         for name in ("assignee", "owner", "kind", "search"):
             check_text(getattr(self, name), name)
+        if self.payload is not None:
+            check_json_object(self.payload, "payload")
         return self
 
 
@@ -157,6 +168,8 @@ def decode_cursor(cursor: str | None) -> tuple[datetime | None, str | None]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         at, todo_id = raw.split("|", 1)
+        if "\x00" in todo_id:  # no id has one, and PostgreSQL text cannot hold it
+            raise ValueError(todo_id)
         return datetime.fromisoformat(at), todo_id
     except (ValueError, UnicodeDecodeError):
         raise InvalidInput("after", "is not a cursor this server gave out") from None
@@ -177,6 +190,9 @@ def _filter_values(filters: TodoFilter) -> dict[str, Any]:
     filters.checked()
     state, face = _STATE_FILTERS[filters.state]
     search = filters.search.strip() if filters.search else None
+    terms = parse_terms(search)
+    if terms is not None:  # a payload search, not an id, a key or a title
+        search = None
     return {
         "queue": filters.queue,
         "queues": None if filters.queues is None else list(filters.queues),
@@ -187,6 +203,7 @@ def _filter_values(filters: TodoFilter) -> dict[str, Any]:
         "kind": filters.kind,
         "search": search,
         "search_like": _like(search) if search else None,
+        "payload_any": containments(terms, filters.payload),
     }
 
 
@@ -199,17 +216,45 @@ class Reads:
         self.db = db
 
     async def queue_stats(self) -> list[QueueStats]:
-        counts = await SQL.queue_counts.fetch(self.db, recent_seconds=float(RECENT_SECONDS))
+        """Every queue's counts, exact up to EXACT_COUNT_LIMIT; a count that reaches it
+        shows the queue's last backlog sample instead (never less than the limit), and
+        is named in `approximate`."""
+        limit = EXACT_COUNT_LIMIT
+        counts = await SQL.queue_counts.fetch(self.db, recent_seconds=float(RECENT_SECONDS), limit=limit)
         per_minute = await SQL.throughput.fetch(self.db, minutes=THROUGHPUT_MINUTES)
         buckets: dict[str, list[int]] = {}
         for row in per_minute:
             slot = THROUGHPUT_MINUTES - 1 - row["minutes_ago"]
             if 0 <= slot < THROUGHPUT_MINUTES:
                 buckets.setdefault(row["queue"], [0] * THROUGHPUT_MINUTES)[slot] = row["done"]
-        return [
-            QueueStats(**dict(r), throughput=buckets.get(r["queue"], [0] * THROUGHPUT_MINUTES))
-            for r in counts
-        ]
+        over = any(r["ready"] >= limit or r["waiting"] >= limit or r["dead"] >= limit for r in counts)
+        samples = (
+            {r["queue"]: r for r in await SQL.last_samples.fetch(self.db, seconds=SAMPLE_AGE)} if over else {}
+        )
+        stats = []
+        for r in counts:
+            row, sample, approximate = dict(r), samples.get(r["queue"]), set()
+            waiting, tail_done = row.pop("waiting"), row.pop("tail_done")
+            for name, reached in (
+                ("ready", row["ready"] >= limit),
+                ("retrying", waiting >= limit),
+                ("scheduled", waiting >= limit),
+                ("dead", row["dead"] >= limit),
+            ):
+                if reached:
+                    sampled = sample[name if name != "dead" else "dead_letters"] if sample else None
+                    row[name] = max(sampled or 0, row[name])
+                    approximate.add(name)
+            if tail_done is not None and tail_done >= limit:
+                approximate.add("done_recent")
+            stats.append(
+                QueueStats(
+                    **row,
+                    throughput=buckets.get(r["queue"], [0] * THROUGHPUT_MINUTES),
+                    approximate=frozenset(approximate),
+                )
+            )
+        return stats
 
     async def list_todos(self, filters: TodoFilter, *, limit: int = 50, after: str | None = None) -> Page:
         """Newest first by created_at, keyset-paginated by (created_at, id)."""
@@ -282,6 +327,11 @@ class Reads:
 
     async def queue_history(self, queue: str, limit: int = 20) -> list[QueueAction]:
         return _of(QueueAction, await SQL.queue_history.fetch(self.db, queue=check_queue(queue), limit=limit))
+
+    async def unknown_queues(self, queues: Sequence[str]) -> list[str]:
+        """Those of `queues` no todo is in: never used, or a typo."""
+        rows = await SQL.unknown_queues.fetch(self.db, queues=[check_queue(q) for q in queues])
+        return [r["queue"] for r in rows]
 
     async def readiness(self) -> tuple[int | None, bool]:
         """(the newest migration applied, whether the server is read-only)."""

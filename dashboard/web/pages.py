@@ -33,6 +33,7 @@ async def overview_context(stats: StatsCache, horizon: HorizonWatch) -> dict:
     return {
         "stats": queues,
         "totals": {k: sum(getattr(s, k) for s in queues) for k in TOTALS},
+        "approximate": {k for k in TOTALS if any(k in s.approximate for s in queues)},
         "horizon": await horizon.get(),
     }
 

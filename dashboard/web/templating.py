@@ -41,6 +41,25 @@ def iso(value: datetime | None) -> str:
     return value.isoformat(timespec="seconds") if value else ""
 
 
+def figure(value: int, approximate: bool = False) -> str:
+    """A count as pages show it: exact with thousands separators, or, when it is an
+    approximation (README "Counts at scale"), two significant digits: 'about 1.2M'."""
+    if not approximate:
+        return f"{value:,}"
+    for size, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if value >= size:
+            scaled = value / size
+            return f"about {scaled:.0f}{unit}" if scaled >= 10 else f"about {scaled:.1f}{unit}"
+    return f"about {value:,}"
+
+
+def none_selected(noun: str) -> str:
+    """What a bulk action with no box ticked is told: by the page's script, before it is
+    sent, or by the server when it is sent anyway."""
+    return f"Select at least one {noun} (tick its box), or choose all that match the filter."
+
+
 def configure(engine: JinjaTemplateEngine) -> None:
     env = engine.engine
     env.filters.update(ago=ago, duration=duration, pretty_json=pretty_json, iso=iso)
+    env.filters["figure"] = figure

@@ -3,51 +3,92 @@
 -- of finished ones, so its cost follows live work, not the table's size.
 
 -- name: queue_counts
--- One row per queue that has live work, dead-letters, recent completions or a pause.
--- Pending todos are ready (ready_at has come), retrying (a retry time ahead) or
--- scheduled (a run_at ahead, no retry time).
-WITH pending AS (
-    SELECT queue,
-           count(*) FILTER (WHERE ready_at <= now()) AS ready,
-           count(*) FILTER (WHERE ready_at > now() AND next_retry_at IS NOT NULL) AS retrying,
-           count(*) FILTER (WHERE ready_at > now() AND next_retry_at IS NULL) AS scheduled,
-           min(created_at) FILTER (WHERE ready_at <= now()) AS oldest_ready_at
-    FROM todos WHERE state = 'pending' GROUP BY queue
-), claimed AS (
-    SELECT queue, count(*) AS claimed,
-           count(*) FILTER (WHERE lease_expires_at < now()) AS lapsed
+-- One row per queue that has pending work, leases, dead-letters, a pause, or completions
+-- in the last :recent_seconds. The queues are found by skipping through the indexes
+-- (one probe per queue), and each count stops at :limit rows of its queue: a count of
+-- :limit means "at least that many" (Reads then shows the last sample, as approximate).
+-- So the cost follows queues × :limit, never the backlog. Completions come from the
+-- rollups, plus those since the last rolled minute (the tail, up to :limit in all).
+WITH RECURSIVE pending_queues AS (
+    (SELECT queue FROM todos WHERE state = 'pending' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.queue FROM todos t WHERE t.state = 'pending' AND t.queue > p.queue
+            ORDER BY t.queue LIMIT 1)
+    FROM pending_queues p WHERE p.queue IS NOT NULL
+), dead_queues AS (
+    (SELECT queue FROM todos WHERE state = 'failed' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.queue FROM todos t WHERE t.state = 'failed' AND t.queue > d.queue
+            ORDER BY t.queue LIMIT 1)
+    FROM dead_queues d WHERE d.queue IS NOT NULL
+), leases AS (
+    SELECT queue, count(*) AS claimed, count(*) FILTER (WHERE lease_expires_at < now()) AS lapsed
     FROM todos WHERE lease_expires_at IS NOT NULL GROUP BY queue  -- claimed: todos_leases
-), dead AS (
-    SELECT queue, count(*) AS dead FROM todos WHERE state = 'failed' GROUP BY queue
-), done AS (
-    SELECT queue, count(*) AS done_recent FROM todos
-    WHERE state = 'done' AND completed_at > now() - make_interval(secs => :recent_seconds)
+), rolled AS (
+    SELECT queue, sum(completed) AS done FROM queue_rollups
+    WHERE grain = 'minute' AND at >= now() - make_interval(secs => :recent_seconds)
     GROUP BY queue
+), tail AS (
+    SELECT queue, count(*) AS done
+    FROM (SELECT queue FROM todos
+          WHERE state = 'done'  -- todos_finished
+            AND completed_at >= (SELECT rolled_until FROM rollup_progress)
+          LIMIT :limit) AS t
+    GROUP BY queue
+), queues AS (
+    SELECT queue FROM pending_queues WHERE queue IS NOT NULL
+    UNION SELECT queue FROM dead_queues WHERE queue IS NOT NULL
+    UNION SELECT queue FROM leases
+    UNION SELECT queue FROM rolled WHERE done > 0
+    UNION SELECT queue FROM tail
+    UNION SELECT queue FROM queue_pauses
 )
-SELECT queue,
-       coalesce(ready, 0) AS ready, coalesce(scheduled, 0) AS scheduled,
-       coalesce(retrying, 0) AS retrying,
-       coalesce(claimed, 0) AS claimed, coalesce(lapsed, 0) AS lapsed,
-       coalesce(done_recent, 0) AS done_recent, coalesce(dead, 0) AS dead,
-       oldest_ready_at, extract(epoch FROM now() - oldest_ready_at) AS oldest_ready_age,
+SELECT q.queue,
+       (SELECT count(*) FROM (SELECT FROM todos t WHERE t.state = 'pending' AND t.queue = q.queue
+                              AND t.ready_at <= now() LIMIT :limit) AS r)::int AS ready,
+       w.scheduled, w.retrying, w.waiting,
+       coalesce(l.claimed, 0)::int AS claimed, coalesce(l.lapsed, 0)::int AS lapsed,
+       (coalesce(rolled.done, 0) + coalesce(tail.done, 0))::int AS done_recent,
+       (SELECT sum(done) FROM tail)::int AS tail_done,
+       (SELECT count(*) FROM (SELECT FROM todos t WHERE t.state = 'failed' AND t.queue = q.queue
+                              LIMIT :limit) AS d)::int AS dead,
+       o.ready_at AS oldest_ready_at, extract(epoch FROM now() - o.ready_at) AS oldest_ready_age,
        p.paused_at, p.actor AS paused_by, p.reason AS paused_reason
-FROM pending
-FULL JOIN claimed USING (queue)
-FULL JOIN dead USING (queue)
-FULL JOIN done USING (queue)
-FULL JOIN queue_pauses p USING (queue)
-ORDER BY queue;
+FROM queues q
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE next_retry_at IS NULL)::int AS scheduled,
+           count(*) FILTER (WHERE next_retry_at IS NOT NULL)::int AS retrying, count(*)::int AS waiting
+    FROM (SELECT next_retry_at FROM todos t WHERE t.state = 'pending' AND t.queue = q.queue
+            AND t.ready_at > now() LIMIT :limit) AS w
+) AS w
+LEFT JOIN LATERAL (
+    SELECT ready_at FROM todos t WHERE t.state = 'pending' AND t.queue = q.queue
+    ORDER BY t.ready_at LIMIT 1
+) AS o ON o.ready_at <= now()
+LEFT JOIN leases l USING (queue)
+LEFT JOIN rolled USING (queue)
+LEFT JOIN tail USING (queue)
+LEFT JOIN queue_pauses p USING (queue)
+ORDER BY q.queue;
+
+-- name: last_samples
+-- Each queue's latest backlog sample of the last :seconds (the rollup job's), for the
+-- counts that reached the exact-count limit.
+SELECT DISTINCT ON (queue) queue, at, ready, retrying, scheduled, dead_letters
+FROM queue_rollups
+WHERE grain = 'minute' AND at >= date_trunc('minute', now() - make_interval(secs => :seconds))
+  AND ready IS NOT NULL
+ORDER BY queue, at DESC;
 
 -- name: throughput
--- Completions per queue and minute over the last :minutes minutes (for the sparklines),
--- by how many whole minutes ago (0: this minute) on the database's clock.
+-- Completions per queue in each of the last :minutes rolled-up minutes (the sparklines),
+-- by how many minutes before the last rolled one (0: that one).
 SELECT queue,
-       (extract(epoch FROM date_trunc('minute', now()) - date_trunc('minute', completed_at)) / 60)::int
-           AS minutes_ago,
-       count(*) AS done
-FROM todos
-WHERE state = 'done' AND completed_at > date_trunc('minute', now()) - make_interval(mins => :minutes - 1)
-GROUP BY 1, 2;
+       (extract(epoch FROM (SELECT rolled_until FROM rollup_progress) - at) / 60)::int - 1 AS minutes_ago,
+       completed AS done
+FROM queue_rollups
+WHERE grain = 'minute' AND completed > 0
+  AND at >= (SELECT rolled_until FROM rollup_progress) - make_interval(mins => :minutes);
 
 -- name: leases
 -- Every claimed todo, soonest expiry first.
@@ -96,7 +137,8 @@ SELECT DISTINCT queue FROM todos WHERE state = 'failed' ORDER BY queue;
 -- name: list_todos
 -- The queue page and the API list: newest first, keyset-paginated after the todo
 -- (:before_at, :before_id). Every filter may be null, meaning any. :face picks one face
--- of pending: ready, retrying or scheduled. Reads plans this statement for each
+-- of pending: ready, retrying or scheduled. :payload_any: objects the payload contains
+-- one of (dashboard/payload_search.py; empty: none matches). Reads plans this statement for each
 -- call's values (a custom plan), so the null filters fold away and the planner picks
 -- the index that fits the rest; a generic plan could not know which one that is.
 SELECT *, now() AS read_at FROM todos
@@ -111,6 +153,7 @@ WHERE (:queue::text IS NULL OR queue = :queue)
   AND (:owner::text IS NULL OR owner = :owner)
   AND (:kind::text IS NULL OR kind = :kind)
   AND (:search::text IS NULL OR id = :search OR idempotency_key = :search OR title ILIKE :search_like)
+  AND (:payload_any::jsonb[] IS NULL OR payload @> ANY (:payload_any))
   AND (:before_at::timestamptz IS NULL OR (created_at, id) < (:before_at, :before_id::text))
 ORDER BY created_at DESC, id DESC
 LIMIT :limit;
@@ -131,6 +174,7 @@ WHERE (:queue::text IS NULL OR queue = :queue)
   AND (:owner::text IS NULL OR owner = :owner)
   AND (:kind::text IS NULL OR kind = :kind)
   AND (:search::text IS NULL OR id = :search OR idempotency_key = :search OR title ILIKE :search_like)
+  AND (:payload_any::jsonb[] IS NULL OR payload @> ANY (:payload_any))
 ORDER BY created_at, id
 LIMIT :limit;
 
@@ -187,3 +231,10 @@ SELECT relname AS "table", n_dead_tup AS dead
 FROM pg_stat_user_tables
 WHERE relname IN ('todos', 'todo_history') AND schemaname = current_schema()
 ORDER BY relname DESC;  -- todos first
+
+-- name: unknown_queues
+-- Which of :queues no todo is in (none was ever created there, or all were pruned): one
+-- probe of todos_by_queue each, for the queue page's and the tokens form's hints.
+SELECT q AS queue FROM unnest(:queues::text[]) AS q
+WHERE NOT EXISTS (SELECT 1 FROM todos WHERE queue = q)
+ORDER BY q;
