@@ -42,7 +42,7 @@ async def age_history(db, minutes: float, spread: int = 1) -> None:
 
 
 async def minute_totals(db) -> dict[str, Counter]:
-    rows = await db.fetch("SELECT * FROM queue_rollups WHERE grain = 'minute'")
+    rows = await db.fetch("SELECT * FROM queue_rollups WHERE grain = 'minute' AND queue <> '*'")
     totals: dict[str, Counter] = {}
     for r in rows:
         c = totals.setdefault(r["queue"], Counter())
@@ -116,13 +116,20 @@ async def test_rollups_match_what_happened(conn, seed):
     # hour rows are the sum of their minutes
     hours = await conn.fetch(
         "SELECT queue, sum(created) AS created, sum(completed) AS completed, sum_elements(waited) AS waited"
-        " FROM queue_rollups WHERE grain = 'hour' GROUP BY queue"
+        " FROM queue_rollups WHERE grain = 'hour' AND queue <> '*' GROUP BY queue"
     )
     for h in hours:
         assert h["created"] == did[h["queue"]]["created"]
         assert h["completed"] == did[h["queue"]]["completed"]
         assert sum(h["waited"]) == did[h["queue"]]["waited"]
     assert len(await conn.fetch("SELECT DISTINCT at FROM queue_rollups WHERE grain = 'minute'")) >= 2
+    # queue '*' is every queue together
+    everything = await conn.fetchrow(
+        "SELECT sum(created) AS created, sum(completed) AS completed FROM queue_rollups"
+        " WHERE grain = 'minute' AND queue = '*'"
+    )
+    assert everything["created"] == sum(c["created"] for c in did.values())
+    assert everything["completed"] == sum(c["completed"] for c in did.values())
 
 
 async def test_agents_minutes_count_their_steps(conn):
@@ -182,8 +189,8 @@ async def test_a_gap_of_hours_is_filled_from_history(conn):
 
     assert rolled >= 179  # every whole minute since (the last one may be within its grace)
     assert await conn.fetchval("SELECT rolled_until FROM rollup_progress") > start
-    assert await conn.fetchval("SELECT sum(created) FROM queue_rollups WHERE grain = 'minute'") == 30
-    assert await conn.fetchval("SELECT sum(created) FROM queue_rollups WHERE grain = 'hour'") == 30
+    assert await conn.fetchval("SELECT sum(created) FROM queue_rollups WHERE grain = 'minute' AND queue = 'gap'") == 30
+    assert await conn.fetchval("SELECT sum(created) FROM queue_rollups WHERE grain = 'hour' AND queue = '*'") == 30
     assert await conn.fetchval("SELECT count(DISTINCT at) FROM queue_rollups WHERE grain = 'hour'") >= 3
 
 
@@ -237,6 +244,7 @@ async def test_backlog_samples_and_zero_when_emptied(conn):
     await rollups.sample()
     row = await conn.fetchrow("SELECT ready, scheduled, retrying FROM queue_rollups WHERE queue = 'backlog'")
     assert (row["ready"], row["scheduled"], row["retrying"]) == (3, 1, 0)
+    assert await conn.fetchval("SELECT ready FROM queue_rollups WHERE queue = '*'") == 3
 
     await conn.execute("DELETE FROM todos WHERE queue = 'backlog'")
     await rollups.sample()

@@ -22,6 +22,7 @@ CREATE INDEX todo_history_at ON todo_history (at);
 -- distributions of time in queue (waited) and run time (ran) as counts per bucket of
 -- dashboard/rollups.py's BOUNDS. ready, retrying, scheduled and dead_letters are the
 -- backlog as last sampled in that period (null: not sampled, e.g. the app was down).
+-- Queue '*' (not a queue name todos allow) holds the sums over all queues.
 CREATE TABLE queue_rollups (
     grain        text NOT NULL CHECK (grain IN ('minute', 'hour')),
     queue        text NOT NULL,

@@ -26,7 +26,7 @@ WITH RECURSIVE pending_queues AS (
     FROM todos WHERE lease_expires_at IS NOT NULL GROUP BY queue  -- claimed: todos_leases
 ), rolled AS (
     SELECT queue, sum(completed) AS done FROM queue_rollups
-    WHERE grain = 'minute' AND at >= now() - make_interval(secs => :recent_seconds)
+    WHERE grain = 'minute' AND at >= now() - make_interval(secs => :recent_seconds) AND queue <> '*'
     GROUP BY queue
 ), tail AS (
     SELECT queue, count(*) AS done
@@ -77,7 +77,7 @@ ORDER BY q.queue;
 SELECT DISTINCT ON (queue) queue, at, ready, retrying, scheduled, dead_letters
 FROM queue_rollups
 WHERE grain = 'minute' AND at >= date_trunc('minute', now() - make_interval(secs => :seconds))
-  AND ready IS NOT NULL
+  AND ready IS NOT NULL AND queue <> '*'
 ORDER BY queue, at DESC;
 
 -- name: throughput
@@ -87,7 +87,7 @@ SELECT queue,
        (extract(epoch FROM (SELECT rolled_until FROM rollup_progress) - at) / 60)::int - 1 AS minutes_ago,
        completed AS done
 FROM queue_rollups
-WHERE grain = 'minute' AND completed > 0
+WHERE grain = 'minute' AND completed > 0 AND queue <> '*'
   AND at >= (SELECT rolled_until FROM rollup_progress) - make_interval(mins => :minutes);
 
 -- name: leases

@@ -26,14 +26,16 @@ UPDATE rollup_progress SET rolled_until = :until;
 
 -- name: roll_queue_minutes
 -- Every queue's steps in the minutes [:since, :until), with the histograms of time in
--- queue (claims) and run time (completions and failures) over :bounds.
+-- queue (claims) and run time (completions and failures) over :bounds; and the same for
+-- all queues together, as queue '*' (no queue has that name), which the overview's
+-- charts read.
 WITH steps AS (
     SELECT queue, date_trunc('minute', at) AS at, event, to_state, elapsed,
            width_bucket(elapsed, :bounds::float8[]) AS bucket
     FROM todo_history
     WHERE at >= :since AND at < :until AND queue IS NOT NULL
 ), counts AS (
-    SELECT queue, at,
+    SELECT coalesce(queue, '*') AS queue, at,
            count(*) FILTER (WHERE event = 'created') AS created,
            count(*) FILTER (WHERE event = 'deduplicated') AS deduplicated,
            count(*) FILTER (WHERE event = 'claimed') AS claimed,
@@ -45,13 +47,13 @@ WITH steps AS (
            count(*) FILTER (WHERE event = 'cancelled') AS cancelled,
            coalesce(sum(elapsed) FILTER (WHERE event = 'claimed'), 0) AS waited_sum,
            coalesce(sum(elapsed) FILTER (WHERE event IN ('completed', 'failed')), 0) AS ran_sum
-    FROM steps GROUP BY queue, at
+    FROM steps GROUP BY GROUPING SETS ((queue, at), (at))
 ), buckets AS (
-    SELECT queue, at, bucket,
+    SELECT coalesce(queue, '*') AS queue, at, bucket,
            count(*) FILTER (WHERE event = 'claimed') AS waited,
            count(*) FILTER (WHERE event IN ('completed', 'failed')) AS ran
     FROM steps WHERE event IN ('claimed', 'completed', 'failed') AND elapsed IS NOT NULL
-    GROUP BY queue, at, bucket
+    GROUP BY GROUPING SETS ((queue, at, bucket), (at, bucket))
 )
 INSERT INTO queue_rollups AS r (grain, queue, at, created, deduplicated, claimed, completed, failed,
                                 dead, reaped, released, cancelled, waited, ran, waited_sum, ran_sum)
@@ -118,22 +120,30 @@ ON CONFLICT (grain, queue, at) DO UPDATE SET
 
 -- name: sample_backlog
 -- The backlog now, into this minute's rows: every queue with pending work or
--- dead-letters, and zeros for the queues sampled in the last :keep_seconds that have
--- none left.
+-- dead-letters, zeros for the queues sampled in the last :keep_seconds that have none
+-- left, and their sum as queue '*'.
+WITH counted AS (
+    SELECT queue, coalesce(ready, 0) AS ready, coalesce(retrying, 0) AS retrying,
+           coalesce(scheduled, 0) AS scheduled, coalesce(dead_letters, 0) AS dead_letters
+    FROM (SELECT queue,
+                 count(*) FILTER (WHERE ready_at <= now()) AS ready,
+                 count(*) FILTER (WHERE ready_at > now() AND next_retry_at IS NOT NULL) AS retrying,
+                 count(*) FILTER (WHERE ready_at > now() AND next_retry_at IS NULL) AS scheduled
+          FROM todos WHERE state = 'pending' GROUP BY queue) AS pending
+    FULL JOIN (SELECT queue, count(*) AS dead_letters FROM todos WHERE state = 'failed' GROUP BY queue) AS dead
+        USING (queue)
+    FULL JOIN (SELECT DISTINCT queue FROM queue_rollups
+               WHERE grain = 'minute' AND at >= now() - make_interval(secs => :keep_seconds)
+                 AND queue <> '*' AND (ready > 0 OR retrying > 0 OR scheduled > 0 OR dead_letters > 0))
+        AS sampled USING (queue)
+)
 INSERT INTO queue_rollups AS r (grain, queue, at, ready, retrying, scheduled, dead_letters)
-SELECT 'minute', queue, date_trunc('minute', now()),
-       coalesce(ready, 0), coalesce(retrying, 0), coalesce(scheduled, 0), coalesce(dead_letters, 0)
-FROM (SELECT queue,
-             count(*) FILTER (WHERE ready_at <= now()) AS ready,
-             count(*) FILTER (WHERE ready_at > now() AND next_retry_at IS NOT NULL) AS retrying,
-             count(*) FILTER (WHERE ready_at > now() AND next_retry_at IS NULL) AS scheduled
-      FROM todos WHERE state = 'pending' GROUP BY queue) AS pending
-FULL JOIN (SELECT queue, count(*) AS dead_letters FROM todos WHERE state = 'failed' GROUP BY queue) AS dead
-    USING (queue)
-FULL JOIN (SELECT DISTINCT queue FROM queue_rollups
-           WHERE grain = 'minute' AND at >= now() - make_interval(secs => :keep_seconds)
-             AND (ready > 0 OR retrying > 0 OR scheduled > 0 OR dead_letters > 0)) AS sampled
-    USING (queue)
+SELECT 'minute', queue, date_trunc('minute', now()), ready, retrying, scheduled, dead_letters FROM counted
+UNION ALL
+SELECT 'minute', '*', date_trunc('minute', now()),
+       coalesce(sum(ready), 0), coalesce(sum(retrying), 0), coalesce(sum(scheduled), 0),
+       coalesce(sum(dead_letters), 0)
+FROM counted
 ON CONFLICT (grain, queue, at) DO UPDATE SET
     ready = excluded.ready, retrying = excluded.retrying, scheduled = excluded.scheduled,
     dead_letters = excluded.dead_letters;
