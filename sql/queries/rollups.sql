@@ -159,3 +159,27 @@ WITH minutes AS (
     DELETE FROM agent_rollups WHERE at < now() - make_interval(secs => :minute_seconds)
 )
 DELETE FROM stale_acks WHERE at < now() - make_interval(secs => :minute_seconds);
+
+-- name: series
+-- A chart's points: :queue's rollup rows of :grain since :since ('*': all queues), in
+-- buckets of :step seconds. Steps are summed; the backlog is the bucket's last sample;
+-- the histograms are summed element-wise.
+WITH picked AS (
+    SELECT date_bin(make_interval(secs => :step), at, timestamptz '2000-01-01') AS bucket, *
+    FROM queue_rollups
+    WHERE grain = :grain AND queue = :queue AND at >= :since
+), histograms AS (
+    SELECT bucket, array_agg(waited ORDER BY i) AS waited, array_agg(ran ORDER BY i) AS ran
+    FROM (SELECT bucket, i, sum(w)::int AS waited, sum(r)::int AS ran
+          FROM picked, unnest(picked.waited, picked.ran) WITH ORDINALITY AS u(w, r, i)
+          GROUP BY bucket, i) AS per_bucket
+    GROUP BY bucket
+)
+SELECT p.bucket AS at, sum(completed)::int AS completed, sum(failed)::int AS failed,
+       sum(dead)::int AS dead, sum(created)::int AS created,
+       (array_agg(ready ORDER BY p.at DESC) FILTER (WHERE ready IS NOT NULL))[1] AS ready,
+       (array_agg(retrying ORDER BY p.at DESC) FILTER (WHERE ready IS NOT NULL))[1] AS retrying,
+       h.waited, h.ran
+FROM picked p LEFT JOIN histograms h USING (bucket)
+GROUP BY p.bucket, h.waited, h.ran
+ORDER BY p.bucket;
