@@ -56,10 +56,11 @@ from harness import Server, log
 from stats import Series, pct, rotated, table, timed
 
 from dashboard import db as dbmod
-from dashboard import queries
+from dashboard import queries, reaper
 from dashboard.claim_cursor import TOP_RANK
 from dashboard.models import PRODUCER, Actor, NewTodo
 from dashboard.notify import Hub
+from dashboard.rollups import Rollups
 from dashboard.store import HintSink, Store
 
 QUEUE = "bench"
@@ -644,6 +645,62 @@ async def family_claim(server: Server, args, results: Results, _tmp: Path) -> No
                     full = f"{label}, {workers} worker{'s' if workers > 1 else ''}"
                     results.add(f"{key}@{workers}", full, rate_line(full, n, seconds))
         await commit_probe(admin, results)
+    finally:
+        await admin.close()
+
+
+async def rollup_job(dsn: str, stop: asyncio.Event) -> None:
+    """The rollup job (dashboard/rollups.py) at its worst for the claim path: every
+    ROLLUP_EVERY it rolls the last whole minute again (in production each minute is
+    rolled once), and every SAMPLE_EVERY it samples the backlog, as the reaper loop does."""
+    conn = await dbmod.connect(dsn)
+    rollups = Rollups(conn)
+    next_sample = 0.0
+    try:
+        while not stop.is_set():
+            await conn.execute(
+                "UPDATE rollup_progress SET rolled_until = date_trunc('minute', now()) - interval '1 minute'"
+            )
+            await rollups.roll()
+            if time.monotonic() >= next_sample:
+                await rollups.sample()
+                next_sample = time.monotonic() + reaper.SAMPLE_EVERY
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), reaper.ROLLUP_EVERY)
+    finally:
+        await conn.close()
+
+
+async def family_rollups(server: Server, args, results: Results, _tmp: Path) -> None:
+    """complete_and_claim_next at 4 workers, with the rollup job running and without."""
+    dsn = await server.new_database("rollups", check=check_parameters)
+    n = args.todos * 4  # long enough for several rollup passes
+    admin = await asyncpg.connect(dsn)
+
+    async def run(with_job: bool) -> tuple[float, int]:
+        stop = asyncio.Event()
+        job = asyncio.create_task(rollup_job(dsn, stop)) if with_job else None
+        try:
+            async with stores(dsn, 4, pool=args.pool) as ss:
+                return await timed([store_complete_and_claim_next(s, f"w{i}") for i, s in enumerate(ss)])
+        finally:
+            stop.set()
+            if job is not None:
+                await job
+
+    variants = [
+        ("norollup", "Store.complete_and_claim_next, no rollup job", lambda: run(False)),
+        ("rollup", "Store.complete_and_claim_next, rollup job running", lambda: run(True)),
+    ]
+    try:
+        for rep in range(args.runs):
+            log(f"[rollups] run {rep + 1}/{args.runs}, 4 workers")
+            for key, label, go in rotated(variants, rep):
+                await fill(admin, n)
+                seconds, done = await go()
+                if done != n:
+                    raise RuntimeError(f"{label}: processed {done} of {n}")
+                results.add(key, f"{label}, 4 workers", rate_line(label, n, seconds))
     finally:
         await admin.close()
 
@@ -1306,6 +1363,10 @@ def build_rows(results: Results) -> None:
         row(f"store@{w}", f"base@{w}", 0.85 if w == 4 else None, "≥ 0.85×" if w == 4 else "")
     for w in WORKER_COUNTS:
         row(f"cacn@{w}", f"base@{w}", 1.4 if w == 4 else None, "≥ 1.40×" if w == 4 else "")
+    if s("norollup"):
+        rows.append("claim + complete while the rollup job runs (dashboard/rollups.py)")
+    row("norollup")
+    row("rollup", "norollup", 0.95, "≥ 0.95×")
     if s("batch") and s("pgq"):
         rows.append("batched claim + batched completion, side by side with PgQueuer")
         row("pgq")
@@ -1442,6 +1503,7 @@ def short_name(key: str) -> str:
 
 FAMILIES = {
     "claim": family_claim,
+    "rollups": family_rollups,
     "batch": family_batch,
     "enqueue": family_enqueue,
     "limit": family_limit,

@@ -61,6 +61,11 @@ class Statement:
     async def execute(self, db, **values) -> str:
         return await self._run(db, "execute", values)
 
+    async def executemany(self, db, rows: list[dict[str, Any]]) -> None:
+        """The statement once per row of values, pipelined in one round trip."""
+        async with connection(db) as conn:
+            await conn.executemany(self.sql, [self.args(row) for row in rows])
+
     async def _run(self, db, method: str, values: dict[str, Any]):
         """On a connection from db.connection(): a lost, starting or read-only server
         becomes DatabaseUnavailable, and the connection it broke is not reused."""

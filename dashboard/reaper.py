@@ -13,7 +13,7 @@ import os
 
 from dashboard.errors import DatabaseUnavailable
 from dashboard.horizon import HorizonWatch
-from dashboard.rollups import Rollups
+from dashboard.rollups import Rollups, next_sample_in
 from dashboard.store import Store
 
 log = logging.getLogger("switchboard.reaper")
@@ -24,7 +24,7 @@ DEFAULT_RETENTION_DAYS = 7.0
 PRUNE_EVERY = 60.0  # seconds between prune passes
 HORIZON_EVERY = 10.0  # seconds between looks at what holds back vacuum
 ROLLUP_EVERY = 5.0  # seconds between rollup passes (a minute is rolled soon after it ends)
-SAMPLE_EVERY = 10.0  # seconds between samples of the backlog
+SAMPLE_EVERY = 10.0  # seconds between samples of the backlog (longer when it is large)
 
 
 def retention_seconds() -> float:
@@ -100,8 +100,7 @@ async def run_reaper(
                 await rollups.roll()
                 next_rollup = loop.time() + ROLLUP_EVERY
             if loop.time() >= next_sample:
-                await rollups.sample()
-                next_sample = loop.time() + SAMPLE_EVERY
+                next_sample = loop.time() + next_sample_in(await rollups.sample(), SAMPLE_EVERY)
             if loop.time() >= next_prune:
                 pruned = await store.prune(retention_seconds(), batch=BATCH)
                 if pruned:

@@ -5,15 +5,19 @@ instead of counting history or todos, so their cost follows the time range asked
 not the traffic. The job runs in the reaper's loop of every process; an advisory lock
 lets one of them at a time do it, and the others skip their turn. Nothing on the claim
 or complete path writes here: history rows carry their step, queue and elapsed time
-(migration 0009), and the job counts whole minutes of them after the fact. A minute is
-rolled once it has ended (and the transactions writing in it have committed); a gap,
-when no process ran, is rolled from history when one comes back, an hour per statement.
+(migration 0009), and every ROLLUP_EVERY (dashboard/reaper.py) the job adds what was
+written since its last pass to the minute and hour rows. It goes no further than the
+start of the oldest transaction still writing: history rows are stamped when written and
+seen when committed, so each stretch of history is counted once, when it is complete. A
+gap, when no process ran, is rolled from history when one comes back, an hour per
+transaction.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from datetime import datetime, timedelta
 
 import asyncpg
@@ -30,10 +34,11 @@ BOUNDS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
     60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0,
 )  # fmt: skip
-GRACE_SECONDS = 5.0  # a minute is rolled this long after it ends, at the earliest
+GRACE_SECONDS = 1.0  # history is rolled this long after it was written, at the earliest
 MAX_WAIT_SECONDS = 600.0  # a transaction writing longer than this does not hold rollups back
 CHUNK = timedelta(hours=1)  # a gap is rolled an hour per transaction
 SAMPLE_KEEP_SECONDS = 600.0  # queues sampled this recently get a zero when they empty
+SAMPLE_SHARE = 0.02  # backlog samples take at most this share of the job's time
 DEFAULT_MINUTE_HOURS = 48.0
 DEFAULT_HOUR_DAYS = 90.0
 
@@ -46,6 +51,12 @@ def minute_retention_seconds() -> float:
 def hour_retention_seconds() -> float:
     """SWITCHBOARD_ROLLUP_HOUR_DAYS: hour rows are kept this long (the 7-day chart)."""
     return float(os.environ.get("SWITCHBOARD_ROLLUP_HOUR_DAYS", DEFAULT_HOUR_DAYS)) * 86400
+
+
+def next_sample_in(took: float, every: float) -> float:
+    """Seconds to the next backlog sample: `every`, or longer when the last one took more
+    than SAMPLE_SHARE of that (a million pending todos take a second to count)."""
+    return max(every, took / SAMPLE_SHARE)
 
 
 def percentile(histogram: list[int], q: float) -> float | None:
@@ -70,11 +81,10 @@ class Rollups:
     def __init__(self, db: asyncpg.Pool | asyncpg.Connection):
         self.db = db
 
-    async def roll(self) -> int:
-        """Roll every whole minute that can be rolled now, an hour per transaction, then
-        sample the backlog; the number of minutes rolled (0 when another process holds
-        the lock or nothing has ended since)."""
-        rolled = 0
+    async def roll(self) -> float:
+        """Roll the history written since the last pass, an hour per transaction; the
+        seconds of history rolled (0 when another process holds the lock)."""
+        rolled = 0.0
         while True:
             async with transaction(self.db) as conn:
                 if not await SQL.lock.fetchval(conn):
@@ -85,16 +95,20 @@ class Rollups:
                     return rolled
                 until = min(end, start + CHUNK)
                 await self._roll(conn, start, until)
-                rolled += int((until - start) / timedelta(minutes=1))
+                rolled += (until - start).total_seconds()
                 if until >= end:
                     return rolled
 
-    async def sample(self) -> None:
-        """Write the backlog now into this minute's rows (the backlog chart, and the
-        counts shown as approximate above the exact-count limit)."""
+    async def sample(self) -> float:
+        """Write the backlog now into this minute's and hour's rows (the backlog chart,
+        and the counts shown as approximate above the exact-count limit); the seconds it
+        took. It counts every live todo, so at a large backlog the caller samples less
+        often (next_sample_in)."""
+        started = time.monotonic()
         async with transaction(self.db) as conn:
             if await SQL.lock.fetchval(conn):
                 await SQL.sample_backlog.execute(conn, keep_seconds=SAMPLE_KEEP_SECONDS)
+        return time.monotonic() - started
 
     async def prune(self) -> None:
         async with transaction(self.db) as conn:
@@ -105,8 +119,100 @@ class Rollups:
 
     @staticmethod
     async def _roll(conn: asyncpg.Connection, start: datetime, until: datetime) -> None:
-        await SQL.roll_queue_minutes.execute(conn, bounds=list(BOUNDS), since=start, until=until)
-        await SQL.roll_agent_minutes.execute(conn, since=start, until=until)
-        await SQL.roll_hours.execute(conn, since=start, until=until)
+        steps = []
+        for minute, since, upto in minutes_of(start, until):
+            rows = await SQL.steps.fetch(conn, bounds=list(BOUNDS), since=since, until=upto)
+            steps += [{**r, "minute": minute} for r in rows]
+        queues, agents = fold(steps)
+        await SQL.add_steps.executemany(conn, [{"grain": "minute", **q} for q in queues])
+        await SQL.add_steps.executemany(conn, [{"grain": "hour", **h} for h in by_hour(queues)])
+        await SQL.add_agent_steps.executemany(conn, agents)
         await SQL.advance.execute(conn, until=until)
         log.debug("rolled up %s to %s", start, until)
+
+
+# How history's steps (todo_history.event, migration 0009) count in the rollups.
+QUEUE_COUNTS = {
+    "created": "created",
+    "deduplicated": "deduplicated",
+    "claimed": "claimed",
+    "completed": "completed",
+    "failed": "failed",  # by its agent, retried or dead-lettered
+    "reaped": "reaped",
+    "released": "released",
+    "force_released": "released",  # an operator took the lease back
+    "cancelled": "cancelled",  # dead-lettered, but counted here and not as dead
+}
+WAITED = ("claimed",)  # elapsed: time in queue
+RAN = ("completed", "failed")  # elapsed: run time
+AGENT_COUNTS = ("claimed", "completed", "failed", "released")
+AGENT_LAST = {"claimed": "last_claim_at", "heartbeat": "last_heartbeat_at"} | dict.fromkeys(
+    ("completed", "failed", "released"), "last_ack_at"
+)
+
+
+def minutes_of(start: datetime, until: datetime):
+    """[start, until) cut at minute boundaries: (minute, since, until) for each piece."""
+    since = start
+    while since < until:
+        minute = since.replace(second=0, microsecond=0)
+        upto = min(until, minute + timedelta(minutes=1))
+        yield minute, since, upto
+        since = upto
+
+
+def fold(rows) -> tuple[list[dict], list[dict]]:
+    """The rows of the `steps` statement as queue-minute rows (with queue '*', all of
+    them together) and agent-minute rows, ready for the upserts."""
+    queues: dict[tuple[str, datetime], dict] = {}
+    agents: dict[tuple[str, datetime], dict] = {}
+    for r in rows:
+        event, n = r["event"], r["n"]
+        if event in AGENT_LAST:  # steps only an agent takes (an operator's release is force_released)
+            row = agents.setdefault((r["actor"], r["minute"]), _agent_row(r["actor"], r["minute"]))
+            if event in AGENT_COUNTS:
+                row[event] += n
+            last = AGENT_LAST[event]
+            row[last] = max(filter(None, (row[last], r["last_at"])))
+        for queue in (r["queue"], "*"):
+            row = queues.setdefault((queue, r["minute"]), _queue_row(queue, r["minute"]))
+            if event in QUEUE_COUNTS:
+                row[QUEUE_COUNTS[event]] += n
+            if r["to_failed"] and event in ("failed", "reaped"):
+                row["dead"] += n
+            if r["bucket"] is not None:
+                for kind, events in (("waited", WAITED), ("ran", RAN)):
+                    if event in events:
+                        row[kind][r["bucket"]] += n
+                        row[f"{kind}_sum"] += r["elapsed_sum"]
+    return list(queues.values()), list(agents.values())
+
+
+def by_hour(minutes: list[dict]) -> list[dict]:
+    """Queue-minute rows summed per queue and hour (added to the hour rows)."""
+    hours: dict[tuple[str, datetime], dict] = {}
+    for m in minutes:
+        at = m["at"].replace(minute=0)
+        row = hours.setdefault((m["queue"], at), _queue_row(m["queue"], at))
+        for key, value in m.items():
+            if key in ("waited", "ran"):
+                row[key] = [a + b for a, b in zip(row[key], value, strict=True)]
+            elif key not in ("queue", "at"):
+                row[key] += value
+    return list(hours.values())
+
+
+def _queue_row(queue: str, at: datetime) -> dict:
+    return {
+        "queue": queue,
+        "at": at,
+        **dict.fromkeys(set(QUEUE_COUNTS.values()) | {"dead"}, 0),
+        "waited": [0] * (len(BOUNDS) + 1),
+        "ran": [0] * (len(BOUNDS) + 1),
+        "waited_sum": 0.0,
+        "ran_sum": 0.0,
+    }
+
+
+def _agent_row(agent: str, at: datetime) -> dict:
+    return {"agent": agent, "at": at, **dict.fromkeys(AGENT_COUNTS, 0), **dict.fromkeys(AGENT_LAST.values())}

@@ -3,6 +3,7 @@ one process at a time; the backlog samples; refused acks recorded for the agents
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections import Counter
 
@@ -10,7 +11,7 @@ import pytest
 
 from dashboard.errors import Conflict
 from dashboard.models import Actor
-from dashboard.rollups import BOUNDS, SQL, Rollups, percentile
+from dashboard.rollups import BOUNDS, SQL, Rollups, next_sample_in, percentile
 from dashboard.store import Store
 from tests.factories import enqueue, expire_lease, new_todo
 
@@ -107,7 +108,7 @@ async def test_rollups_match_what_happened(conn, seed):
 
     rolled = await Rollups(conn).roll()
 
-    assert rolled >= 4
+    assert rolled >= 4 * 60
     totals = await minute_totals(conn)
     for queue, expected in did.items():
         got = totals.get(queue, Counter())
@@ -160,17 +161,26 @@ async def test_agents_minutes_count_their_steps(conn):
     assert rows["ann"]["beat"] is not None and rows["ann"]["ack"] is not None
 
 
-async def test_only_whole_minutes_that_ended_are_rolled(conn):
+async def test_new_history_is_rolled_within_seconds_and_only_once(conn):
     store = Store(conn)
     await enqueue(store, "now")
     rollups = Rollups(conn)
 
-    await rollups.roll()
-
-    # the todo was created in this minute (or the one just ended, within the grace): not rolled yet
-    assert await conn.fetchval("SELECT count(*) FROM queue_rollups WHERE created > 0") == 0
+    deadline = asyncio.get_running_loop().time() + 10
+    while await conn.fetchval("SELECT created FROM queue_rollups WHERE queue = 'now'") != 1:
+        assert asyncio.get_running_loop().time() < deadline, "not rolled within 10 s"
+        await rollups.roll()
+        await asyncio.sleep(0.2)  # the grace: history is rolled a second after it was written
+    assert (
+        await conn.fetchval("SELECT created FROM queue_rollups WHERE queue = 'now' AND grain = 'hour'") == 1
+    )
     until = await conn.fetchval("SELECT rolled_until FROM rollup_progress")
-    assert until <= await conn.fetchval("SELECT date_trunc('minute', now())")
+    assert until <= await conn.fetchval("SELECT now()")
+
+    await rollups.roll()  # again: nothing is counted twice
+    assert (
+        await conn.fetchval("SELECT sum(created) FROM queue_rollups WHERE queue = 'now'") == 2
+    )  # minute + hour
 
 
 async def test_a_gap_of_hours_is_filled_from_history(conn):
@@ -187,16 +197,22 @@ async def test_a_gap_of_hours_is_filled_from_history(conn):
 
     rolled = await Rollups(conn).roll()
 
-    assert rolled >= 179  # every whole minute since (the last one may be within its grace)
+    assert rolled >= 3 * 3600  # every second since
     assert await conn.fetchval("SELECT rolled_until FROM rollup_progress") > start
-    assert await conn.fetchval("SELECT sum(created) FROM queue_rollups WHERE grain = 'minute' AND queue = 'gap'") == 30
-    assert await conn.fetchval("SELECT sum(created) FROM queue_rollups WHERE grain = 'hour' AND queue = '*'") == 30
+    assert (
+        await conn.fetchval("SELECT sum(created) FROM queue_rollups WHERE grain = 'minute' AND queue = 'gap'")
+        == 30
+    )
+    assert (
+        await conn.fetchval("SELECT sum(created) FROM queue_rollups WHERE grain = 'hour' AND queue = '*'")
+        == 30
+    )
     assert await conn.fetchval("SELECT count(DISTINCT at) FROM queue_rollups WHERE grain = 'hour'") >= 3
 
 
-async def test_a_writing_transaction_holds_its_minutes_back(dsn, conn):
-    """History rows are stamped when written and seen when committed: a minute is not
-    rolled while a transaction that began before its end is still writing."""
+async def test_a_writing_transaction_holds_the_rollups_back(dsn, conn):
+    """History rows are stamped when written and seen when committed: the job goes no
+    further than the start of a transaction that is still writing."""
     import asyncpg
 
     writer = await asyncpg.connect(dsn)
@@ -207,7 +223,7 @@ async def test_a_writing_transaction_holds_its_minutes_back(dsn, conn):
             "INSERT INTO queue_pauses (queue, actor_kind, actor) VALUES ('w', 'operator', 'x')"
         )
         started = await writer.fetchval(
-            "SELECT date_trunc('minute', xact_start) FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+            "SELECT xact_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
         )
         async with conn.transaction():
             row = await SQL.progress.fetchrow(conn, grace=0.0, max_wait=600.0)
@@ -290,3 +306,8 @@ def test_percentiles_from_a_histogram():
     assert BOUNDS[one_second - 1] <= percentile(hist, 0.5) <= 1.0
     hist[-1] = 100  # and as many above a day
     assert percentile(hist, 0.95) == BOUNDS[-1]
+
+
+def test_a_slow_backlog_sample_is_taken_less_often():
+    assert next_sample_in(0.05, 10.0) == 10.0
+    assert next_sample_in(1.0, 10.0) == pytest.approx(50.0)  # 2% of the time at most

@@ -20,8 +20,9 @@ CREATE INDEX todo_history_at ON todo_history (at);
 -- Per queue and minute ('minute', kept SWITCHBOARD_ROLLUP_MINUTE_HOURS) or hour
 -- ('hour', kept SWITCHBOARD_ROLLUP_HOUR_DAYS): how many todos took each step, and the
 -- distributions of time in queue (waited) and run time (ran) as counts per bucket of
--- dashboard/rollups.py's BOUNDS. ready, retrying, scheduled and dead_letters are the
--- backlog as last sampled in that period (null: not sampled, e.g. the app was down).
+-- dashboard/rollups.py's BOUNDS. ready, retrying, scheduled, held (leases) and
+-- dead_letters are the backlog as last sampled in that period (null: not sampled, e.g.
+-- the app was down).
 -- Queue '*' (not a queue name todos allow) holds the sums over all queues.
 CREATE TABLE queue_rollups (
     grain        text NOT NULL CHECK (grain IN ('minute', 'hour')),
@@ -43,6 +44,7 @@ CREATE TABLE queue_rollups (
     ready        integer,
     retrying     integer,
     scheduled    integer,
+    held         integer,
     dead_letters integer,
     PRIMARY KEY (grain, queue, at)
 );

@@ -1,152 +1,110 @@
--- The rollup job (dashboard/rollups.py): per queue and minute, and per agent and minute,
--- counted from todo_history (migration 0009), hour rows summed from minute rows, and the
--- backlog sampled from todos. One process at a time runs these, under an advisory lock.
+-- The rollup job (dashboard/rollups.py): per queue and minute (and hour), and per agent
+-- and minute, counted from todo_history (migration 0009), and the backlog sampled from
+-- todos. One process at a time runs these, under an advisory lock.
 
 -- name: lock
 -- One rollup job at a time across every process: the others skip their turn.
 SELECT pg_try_advisory_xact_lock(8031972601);
 
 -- name: progress
--- Where the job has got to, and up to where it may roll now: whole minutes that ended
--- :grace seconds ago, and not past the start of the oldest transaction still writing
--- (its history rows, stamped when written, show up when it commits), unless that one
--- is older than :max_wait seconds (it is then left out of the rollups).
+-- Where the job has got to, and up to where it may roll now: :grace seconds ago, and not
+-- past the start of the oldest transaction still writing (its history rows, stamped when
+-- written, show up when it commits), unless that one is older than :max_wait seconds (it
+-- is then left out of the rollups).
 SELECT rolled_until,
-       date_trunc('minute', greatest(
-           least(now() - make_interval(secs => :grace),
-                 (SELECT min(xact_start) FROM pg_stat_activity
-                  WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
-                    AND datname = current_database())),
-           now() - make_interval(secs => :max_wait))) AS rollable_until
+       greatest(least(now() - make_interval(secs => :grace),
+                      (SELECT min(xact_start) FROM pg_stat_activity
+                       WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
+                         AND datname = current_database())),
+                now() - make_interval(secs => :max_wait)) AS rollable_until
 FROM rollup_progress
 FOR UPDATE;
 
 -- name: advance
 UPDATE rollup_progress SET rolled_until = :until;
 
--- name: roll_queue_minutes
--- Every queue's steps in the minutes [:since, :until), with the histograms of time in
--- queue (claims) and run time (completions and failures) over :bounds; and the same for
--- all queues together, as queue '*' (no queue has that name), which the overview's
--- charts read.
-WITH steps AS (
-    SELECT queue, date_trunc('minute', at) AS at, event, to_state, elapsed,
-           width_bucket(elapsed, :bounds::float8[]) AS bucket
-    FROM todo_history
-    WHERE at >= :since AND at < :until AND queue IS NOT NULL
-), counts AS (
-    SELECT coalesce(queue, '*') AS queue, at,
-           count(*) FILTER (WHERE event = 'created') AS created,
-           count(*) FILTER (WHERE event = 'deduplicated') AS deduplicated,
-           count(*) FILTER (WHERE event = 'claimed') AS claimed,
-           count(*) FILTER (WHERE event = 'completed') AS completed,
-           count(*) FILTER (WHERE event = 'failed') AS failed,
-           count(*) FILTER (WHERE to_state = 'failed' AND event IN ('failed', 'reaped')) AS dead,
-           count(*) FILTER (WHERE event = 'reaped') AS reaped,
-           count(*) FILTER (WHERE event IN ('released', 'force_released')) AS released,
-           count(*) FILTER (WHERE event = 'cancelled') AS cancelled,
-           coalesce(sum(elapsed) FILTER (WHERE event = 'claimed'), 0) AS waited_sum,
-           coalesce(sum(elapsed) FILTER (WHERE event IN ('completed', 'failed')), 0) AS ran_sum
-    FROM steps GROUP BY GROUPING SETS ((queue, at), (at))
-), buckets AS (
-    SELECT coalesce(queue, '*') AS queue, at, bucket,
-           count(*) FILTER (WHERE event = 'claimed') AS waited,
-           count(*) FILTER (WHERE event IN ('completed', 'failed')) AS ran
-    FROM steps WHERE event IN ('claimed', 'completed', 'failed') AND elapsed IS NOT NULL
-    GROUP BY GROUPING SETS ((queue, at, bucket), (at, bucket))
-)
-INSERT INTO queue_rollups AS r (grain, queue, at, created, deduplicated, claimed, completed, failed,
-                                dead, reaped, released, cancelled, waited, ran, waited_sum, ran_sum)
-SELECT 'minute', c.queue, c.at, created, deduplicated, claimed, completed, failed, dead, reaped,
-       released, cancelled,
-       ARRAY(SELECT coalesce(b.waited, 0) FROM generate_series(0, cardinality(:bounds::float8[])) AS i
-             LEFT JOIN buckets b ON (b.queue, b.at, b.bucket) = (c.queue, c.at, i) ORDER BY i),
-       ARRAY(SELECT coalesce(b.ran, 0) FROM generate_series(0, cardinality(:bounds::float8[])) AS i
-             LEFT JOIN buckets b ON (b.queue, b.at, b.bucket) = (c.queue, c.at, i) ORDER BY i),
-       waited_sum, ran_sum
-FROM counts c
-ON CONFLICT (grain, queue, at) DO UPDATE SET
-    created = excluded.created, deduplicated = excluded.deduplicated, claimed = excluded.claimed,
-    completed = excluded.completed, failed = excluded.failed, dead = excluded.dead,
-    reaped = excluded.reaped, released = excluded.released, cancelled = excluded.cancelled,
-    waited = excluded.waited, ran = excluded.ran, waited_sum = excluded.waited_sum,
-    ran_sum = excluded.ran_sum;
+-- name: steps
+-- One pass over the history of [:since, :until), within one minute: how many rows per
+-- queue, actor, step, whether it dead-lettered (to_failed) and the :bounds bucket of its
+-- elapsed time, with their elapsed time summed and the latest. dashboard/rollups.py folds
+-- these few hundred rows into queue and agent rows. Rows written before migration 0009
+-- have no queue and are left out.
+SELECT queue, actor, event, to_state = 'failed' AS to_failed,
+       width_bucket(elapsed, :bounds::float8[]) AS bucket,
+       count(*)::int AS n, coalesce(sum(elapsed), 0)::float8 AS elapsed_sum, max(at) AS last_at
+FROM todo_history
+WHERE at >= :since AND at < :until AND queue IS NOT NULL
+GROUP BY 1, 2, 3, 4, 5;
 
--- name: roll_agent_minutes
--- Every agent's claims, acks and heartbeats in the minutes [:since, :until).
+-- name: add_steps
+-- A queue's steps in part of a minute (:grain 'minute') or an hour ('hour'), added to
+-- that period's row: each stretch of history is rolled once, in the transaction that
+-- moves rolled_until past it.
+INSERT INTO queue_rollups (grain, queue, at, created, deduplicated, claimed, completed, failed,
+                           dead, reaped, released, cancelled, waited, ran, waited_sum, ran_sum)
+VALUES (:grain, :queue, :at, :created, :deduplicated, :claimed, :completed, :failed, :dead,
+        :reaped, :released, :cancelled, :waited, :ran, :waited_sum, :ran_sum)
+ON CONFLICT (grain, queue, at) DO UPDATE SET
+    created = queue_rollups.created + excluded.created,
+    deduplicated = queue_rollups.deduplicated + excluded.deduplicated,
+    claimed = queue_rollups.claimed + excluded.claimed,
+    completed = queue_rollups.completed + excluded.completed,
+    failed = queue_rollups.failed + excluded.failed, dead = queue_rollups.dead + excluded.dead,
+    reaped = queue_rollups.reaped + excluded.reaped,
+    released = queue_rollups.released + excluded.released,
+    cancelled = queue_rollups.cancelled + excluded.cancelled,
+    waited = array_add(queue_rollups.waited, excluded.waited),
+    ran = array_add(queue_rollups.ran, excluded.ran),
+    waited_sum = queue_rollups.waited_sum + excluded.waited_sum,
+    ran_sum = queue_rollups.ran_sum + excluded.ran_sum;
+
+-- name: add_agent_steps
 INSERT INTO agent_rollups AS r (agent, at, claimed, completed, failed, released,
                                 last_claim_at, last_heartbeat_at, last_ack_at)
-SELECT actor, date_trunc('minute', at),
-       count(*) FILTER (WHERE event = 'claimed'),
-       count(*) FILTER (WHERE event = 'completed'),
-       count(*) FILTER (WHERE event = 'failed'),
-       count(*) FILTER (WHERE event = 'released'),
-       max(at) FILTER (WHERE event = 'claimed'),
-       max(at) FILTER (WHERE event = 'heartbeat'),
-       max(at) FILTER (WHERE event IN ('completed', 'failed', 'released'))
-FROM todo_history
-WHERE at >= :since AND at < :until AND actor_kind = 'agent'
-  AND event IN ('claimed', 'heartbeat', 'completed', 'failed', 'released')
-GROUP BY 1, 2
+VALUES (:agent, :at, :claimed, :completed, :failed, :released,
+        :last_claim_at, :last_heartbeat_at, :last_ack_at)
 ON CONFLICT (agent, at) DO UPDATE SET
-    claimed = excluded.claimed, completed = excluded.completed, failed = excluded.failed,
-    released = excluded.released, last_claim_at = excluded.last_claim_at,
-    last_heartbeat_at = excluded.last_heartbeat_at, last_ack_at = excluded.last_ack_at;
-
--- name: roll_hours
--- The hour rows of the hours that [:since, :until) touches, summed from their minute
--- rows; the backlog is the hour's last sample.
-INSERT INTO queue_rollups AS r (grain, queue, at, created, deduplicated, claimed, completed, failed,
-                                dead, reaped, released, cancelled, waited, ran, waited_sum, ran_sum,
-                                ready, retrying, scheduled, dead_letters)
-SELECT 'hour', queue, date_trunc('hour', at),
-       sum(created), sum(deduplicated), sum(claimed), sum(completed), sum(failed), sum(dead),
-       sum(reaped), sum(released), sum(cancelled), sum_elements(waited), sum_elements(ran),
-       sum(waited_sum), sum(ran_sum),
-       (array_agg(ready ORDER BY at DESC) FILTER (WHERE ready IS NOT NULL))[1],
-       (array_agg(retrying ORDER BY at DESC) FILTER (WHERE ready IS NOT NULL))[1],
-       (array_agg(scheduled ORDER BY at DESC) FILTER (WHERE ready IS NOT NULL))[1],
-       (array_agg(dead_letters ORDER BY at DESC) FILTER (WHERE ready IS NOT NULL))[1]
-FROM queue_rollups
-WHERE grain = 'minute' AND at >= date_trunc('hour', :since::timestamptz) AND at < :until
-GROUP BY queue, date_trunc('hour', at)
-ON CONFLICT (grain, queue, at) DO UPDATE SET
-    created = excluded.created, deduplicated = excluded.deduplicated, claimed = excluded.claimed,
-    completed = excluded.completed, failed = excluded.failed, dead = excluded.dead,
-    reaped = excluded.reaped, released = excluded.released, cancelled = excluded.cancelled,
-    waited = excluded.waited, ran = excluded.ran, waited_sum = excluded.waited_sum,
-    ran_sum = excluded.ran_sum, ready = excluded.ready, retrying = excluded.retrying,
-    scheduled = excluded.scheduled, dead_letters = excluded.dead_letters;
+    claimed = r.claimed + excluded.claimed, completed = r.completed + excluded.completed,
+    failed = r.failed + excluded.failed, released = r.released + excluded.released,
+    last_claim_at = greatest(r.last_claim_at, excluded.last_claim_at),
+    last_heartbeat_at = greatest(r.last_heartbeat_at, excluded.last_heartbeat_at),
+    last_ack_at = greatest(r.last_ack_at, excluded.last_ack_at);
 
 -- name: sample_backlog
--- The backlog now, into this minute's rows: every queue with pending work or
--- dead-letters, zeros for the queues sampled in the last :keep_seconds that have none
--- left, and their sum as queue '*'.
+-- The backlog now (and the leases held: `held`), into this minute's and this hour's
+-- rows: every queue with pending work, leases or dead-letters, zeros for the queues
+-- sampled in the last :keep_seconds that have none left, and their sum as queue '*'.
 WITH counted AS (
     SELECT queue, coalesce(ready, 0) AS ready, coalesce(retrying, 0) AS retrying,
-           coalesce(scheduled, 0) AS scheduled, coalesce(dead_letters, 0) AS dead_letters
+           coalesce(scheduled, 0) AS scheduled, coalesce(held, 0) AS held,
+           coalesce(dead_letters, 0) AS dead_letters
     FROM (SELECT queue,
                  count(*) FILTER (WHERE ready_at <= now()) AS ready,
                  count(*) FILTER (WHERE ready_at > now() AND next_retry_at IS NOT NULL) AS retrying,
                  count(*) FILTER (WHERE ready_at > now() AND next_retry_at IS NULL) AS scheduled
           FROM todos WHERE state = 'pending' GROUP BY queue) AS pending
+    FULL JOIN (SELECT queue, count(*) AS held FROM todos WHERE lease_expires_at IS NOT NULL GROUP BY queue)
+        AS leases USING (queue)
     FULL JOIN (SELECT queue, count(*) AS dead_letters FROM todos WHERE state = 'failed' GROUP BY queue) AS dead
         USING (queue)
     FULL JOIN (SELECT DISTINCT queue FROM queue_rollups
-               WHERE grain = 'minute' AND at >= now() - make_interval(secs => :keep_seconds)
-                 AND queue <> '*' AND (ready > 0 OR retrying > 0 OR scheduled > 0 OR dead_letters > 0))
+               WHERE grain = 'minute' AND at >= now() - make_interval(secs => :keep_seconds) AND queue <> '*'
+                 AND (ready > 0 OR retrying > 0 OR scheduled > 0 OR held > 0 OR dead_letters > 0))
         AS sampled USING (queue)
+), totals AS (
+    SELECT * FROM counted
+    UNION ALL
+    SELECT '*', coalesce(sum(ready), 0), coalesce(sum(retrying), 0), coalesce(sum(scheduled), 0),
+           coalesce(sum(held), 0), coalesce(sum(dead_letters), 0)
+    FROM counted
 )
-INSERT INTO queue_rollups AS r (grain, queue, at, ready, retrying, scheduled, dead_letters)
-SELECT 'minute', queue, date_trunc('minute', now()), ready, retrying, scheduled, dead_letters FROM counted
-UNION ALL
-SELECT 'minute', '*', date_trunc('minute', now()),
-       coalesce(sum(ready), 0), coalesce(sum(retrying), 0), coalesce(sum(scheduled), 0),
-       coalesce(sum(dead_letters), 0)
-FROM counted
+INSERT INTO queue_rollups AS r (grain, queue, at, ready, retrying, scheduled, held, dead_letters)
+SELECT g.grain, t.queue, date_trunc(g.grain, now(), 'UTC'), t.ready, t.retrying, t.scheduled, t.held,
+       t.dead_letters
+FROM totals t CROSS JOIN (VALUES ('minute'), ('hour')) AS g (grain)
 ON CONFLICT (grain, queue, at) DO UPDATE SET
     ready = excluded.ready, retrying = excluded.retrying, scheduled = excluded.scheduled,
-    dead_letters = excluded.dead_letters;
+    held = excluded.held, dead_letters = excluded.dead_letters;
 
 -- name: prune
 -- Rows past their retention: minute rows (and agents' minutes, and refused acks) after
