@@ -4,13 +4,17 @@ Charts, the overview's "done in the last hour" and the agents page read these ro
 instead of counting history or todos, so their cost follows the time range asked for,
 not the traffic. The job runs in the reaper's loop of every process; an advisory lock
 lets one of them at a time do it, and the others skip their turn. Nothing on the claim
-or complete path writes here: history rows carry their step, queue and elapsed time
-(migration 0009), and every ROLLUP_EVERY (dashboard/reaper.py) the job adds what was
-written since its last pass to the minute and hour rows. It goes no further than the
-start of the oldest transaction still writing: history rows are stamped when written and
-seen when committed, so each stretch of history is counted once, when it is complete. A
-gap, when no process ran, is rolled from history when one comes back, an hour per
-transaction.
+or complete path writes here, and no index is added there: history rows carry their
+step, queue and elapsed time (migration 0009), and the job reads them by id, adding
+what was written since its last pass to the minute and hour rows.
+
+Each history row must be counted once, yet ids are handed out when a row is written and
+the row is seen only when its transaction commits, so an id can appear after greater
+ones. Each pass therefore takes a mark — the newest id handed out, and the time just
+after reading it — and rolls up to the newest mark taken no later than the start of the
+oldest transaction still writing: every id up to that mark went to a transaction that has
+ended (committed, or rolled back and never to be seen). A gap, when no process ran, is
+rolled from history when one comes back, CHUNK ids per transaction.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import asyncpg
 
@@ -34,9 +38,8 @@ BOUNDS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
     60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0,
 )  # fmt: skip
-GRACE_SECONDS = 1.0  # history is rolled this long after it was written, at the earliest
 MAX_WAIT_SECONDS = 600.0  # a transaction writing longer than this does not hold rollups back
-CHUNK = timedelta(hours=1)  # a gap is rolled an hour per transaction
+CHUNK = 500_000  # history ids per transaction (a gap is rolled in several)
 SAMPLE_KEEP_SECONDS = 600.0  # queues sampled this recently get a zero when they empty
 SAMPLE_SHARE = 0.02  # backlog samples take at most this share of the job's time
 DEFAULT_MINUTE_HOURS = 48.0
@@ -81,22 +84,33 @@ class Rollups:
     def __init__(self, db: asyncpg.Pool | asyncpg.Connection):
         self.db = db
 
-    async def roll(self) -> float:
-        """Roll the history written since the last pass, an hour per transaction; the
-        seconds of history rolled (0 when another process holds the lock)."""
-        rolled = 0.0
+    async def roll(self) -> int:
+        """Take a mark, then roll the history up to the newest mark that is safe (see
+        the module's docstring), CHUNK ids per transaction; the number of ids rolled (0
+        when another process holds the lock)."""
+        async with transaction(self.db) as conn:
+            if not await SQL.lock.fetchval(conn):
+                return 0
+            last_id = await SQL.last_history_id.fetchval(conn)
+            await SQL.add_mark.execute(conn, last_id=last_id)
+        rolled = 0
         while True:
             async with transaction(self.db) as conn:
                 if not await SQL.lock.fetchval(conn):
                     return rolled
-                progress = await SQL.progress.fetchrow(conn, grace=GRACE_SECONDS, max_wait=MAX_WAIT_SECONDS)
-                start, end = progress["rolled_until"], progress["rollable_until"]
-                if end <= start:
+                progress = await SQL.progress.fetchrow(conn, max_wait=MAX_WAIT_SECONDS)
+                start, safe = progress["rolled_id"], progress["safe_id"]
+                if safe is None:
                     return rolled
-                until = min(end, start + CHUNK)
-                await self._roll(conn, start, until)
-                rolled += (until - start).total_seconds()
-                if until >= end:
+                upto = min(max(safe, start), start + CHUNK)
+                if upto > start:
+                    await self._roll(conn, start, upto)
+                reached = upto >= safe
+                await SQL.advance.execute(
+                    conn, rolled_id=upto, rolled_until=progress["safe_at"] if reached else None
+                )
+                rolled += upto - start
+                if reached:
                     return rolled
 
     async def sample(self) -> float:
@@ -118,17 +132,14 @@ class Rollups:
                 )
 
     @staticmethod
-    async def _roll(conn: asyncpg.Connection, start: datetime, until: datetime) -> None:
-        steps = []
-        for minute, since, upto in minutes_of(start, until):
-            rows = await SQL.steps.fetch(conn, bounds=list(BOUNDS), since=since, until=upto)
-            steps += [{**r, "minute": minute} for r in rows]
+    async def _roll(conn: asyncpg.Connection, after_id: int, upto_id: int) -> None:
+        """Add the history rows with ids in (after_id, upto_id] to the rollups."""
+        steps = await SQL.steps.fetch(conn, bounds=list(BOUNDS), after_id=after_id, upto_id=upto_id)
         queues, agents = fold(steps)
         await SQL.add_steps.executemany(conn, [{"grain": "minute", **q} for q in queues])
         await SQL.add_steps.executemany(conn, [{"grain": "hour", **h} for h in by_hour(queues)])
         await SQL.add_agent_steps.executemany(conn, agents)
-        await SQL.advance.execute(conn, until=until)
-        log.debug("rolled up %s to %s", start, until)
+        log.debug("rolled up history ids %d to %d", after_id + 1, upto_id)
 
 
 # How history's steps (todo_history.event, migration 0009) count in the rollups.
@@ -149,16 +160,6 @@ AGENT_COUNTS = ("claimed", "completed", "failed", "released")
 AGENT_LAST = {"claimed": "last_claim_at", "heartbeat": "last_heartbeat_at"} | dict.fromkeys(
     ("completed", "failed", "released"), "last_ack_at"
 )
-
-
-def minutes_of(start: datetime, until: datetime):
-    """[start, until) cut at minute boundaries: (minute, since, until) for each piece."""
-    since = start
-    while since < until:
-        minute = since.replace(second=0, microsecond=0)
-        upto = min(until, minute + timedelta(minutes=1))
-        yield minute, since, upto
-        since = upto
 
 
 def fold(rows) -> tuple[list[dict], list[dict]]:

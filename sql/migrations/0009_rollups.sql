@@ -12,10 +12,8 @@
 ALTER TABLE todo_history ADD COLUMN event text;
 ALTER TABLE todo_history ADD COLUMN queue text;
 ALTER TABLE todo_history ADD COLUMN elapsed real;
--- The rollup job reads one minute of history at a time. `at` grows with the id, so new
--- entries go to the right edge of this index (a BRIN index would lose its order once
--- pruning frees pages that new rows then fill).
-CREATE INDEX todo_history_at ON todo_history (at);
+-- The rollup job reads history by id ranges (the primary key): no index is added to the
+-- claim and complete path.
 
 -- Per queue and minute ('minute', kept SWITCHBOARD_ROLLUP_MINUTE_HOURS) or hour
 -- ('hour', kept SWITCHBOARD_ROLLUP_HOUR_DAYS): how many todos took each step, and the
@@ -80,12 +78,24 @@ CREATE TABLE stale_acks (
 );
 CREATE INDEX stale_acks_at ON stale_acks (at);
 
--- Where the rollup job has got to: every minute before rolled_until is rolled up.
+-- Where the rollup job has got to: every history row with an id up to rolled_id is
+-- rolled up (or was never committed), and rolled_until is when the mark it reached was
+-- taken (history written before it is rolled up). Rollups begin when this ran.
 CREATE TABLE rollup_progress (
     only_row      boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    rolled_id     bigint NOT NULL,
     rolled_until  timestamptz NOT NULL
 );
-INSERT INTO rollup_progress (rolled_until) VALUES (date_trunc('minute', now()));
+INSERT INTO rollup_progress (rolled_id, rolled_until)
+SELECT coalesce(max(id), 0), now() FROM todo_history;
+-- Marks: the newest history id handed out (the sequence's last value), and a time just
+-- after it was read. Every id up to a mark belongs to a transaction that began before the
+-- mark's time; once no transaction that began before it is still writing, they are all
+-- committed or gone, and the job may roll up to that id (dashboard/rollups.py).
+CREATE TABLE rollup_marks (
+    at       timestamptz PRIMARY KEY,
+    last_id  bigint NOT NULL
+);
 
 -- Dead-letters per queue, counted up to a bound without reading other queues' (the
 -- overview's counts); todos_dead stays for the newest-first page across queues.

@@ -6,40 +6,58 @@
 -- One rollup job at a time across every process: the others skip their turn.
 SELECT pg_try_advisory_xact_lock(8031972601);
 
+-- name: last_history_id
+-- The newest history id handed out so far (in flight or not).
+SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('todo_history', 'id')), 0);
+
+-- name: add_mark
+-- A mark: :last_id, read just before this statement's clock.
+INSERT INTO rollup_marks (at, last_id) VALUES (clock_timestamp(), :last_id) ON CONFLICT DO NOTHING;
+
 -- name: progress
--- Where the job has got to, and up to where it may roll now: :grace seconds ago, and not
--- past the start of the oldest transaction still writing (its history rows, stamped when
--- written, show up when it commits), unless that one is older than :max_wait seconds (it
--- is then left out of the rollups).
-SELECT rolled_until,
-       greatest(least(now() - make_interval(secs => :grace),
-                      (SELECT min(xact_start) FROM pg_stat_activity
-                       WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
-                         AND datname = current_database())),
-                now() - make_interval(secs => :max_wait)) AS rollable_until
-FROM rollup_progress
-FOR UPDATE;
+-- Where the job has got to, and how far it may roll now: to the newest mark taken no
+-- later than the start of the oldest transaction still writing (every id up to that
+-- mark was handed out to a transaction that has ended since), ignoring a transaction
+-- that has been writing for more than :max_wait seconds (its rows are then not counted).
+SELECT p.rolled_id, p.rolled_until, m.last_id AS safe_id, m.at AS safe_at
+FROM rollup_progress p
+LEFT JOIN LATERAL (
+    SELECT at, last_id FROM rollup_marks
+    WHERE at <= coalesce((SELECT min(xact_start) FROM pg_stat_activity
+                          WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
+                            AND datname = current_database()
+                            AND xact_start > now() - make_interval(secs => :max_wait)),
+                         'infinity')
+    ORDER BY at DESC LIMIT 1
+) AS m ON true
+FOR UPDATE OF p;
 
 -- name: advance
-UPDATE rollup_progress SET rolled_until = :until;
+-- Rolled up to :rolled_id; with :rolled_until (the mark's time) once the mark is reached,
+-- when the marks before it are no longer needed.
+WITH progress AS (
+    UPDATE rollup_progress
+    SET rolled_id = :rolled_id, rolled_until = coalesce(:rolled_until, rolled_until)
+)
+DELETE FROM rollup_marks WHERE at < :rolled_until;
 
 -- name: steps
--- One pass over the history of [:since, :until), within one minute: how many rows per
+-- One pass over the history rows with ids in (:after_id, :upto_id]: how many per minute,
 -- queue, actor, step, whether it dead-lettered (to_failed) and the :bounds bucket of its
 -- elapsed time, with their elapsed time summed and the latest. dashboard/rollups.py folds
 -- these few hundred rows into queue and agent rows. Rows written before migration 0009
 -- have no queue and are left out.
-SELECT queue, actor, event, to_state = 'failed' AS to_failed,
+SELECT date_trunc('minute', at) AS minute, queue, actor, event, to_state = 'failed' AS to_failed,
        width_bucket(elapsed, :bounds::float8[]) AS bucket,
        count(*)::int AS n, coalesce(sum(elapsed), 0)::float8 AS elapsed_sum, max(at) AS last_at
 FROM todo_history
-WHERE at >= :since AND at < :until AND queue IS NOT NULL
-GROUP BY 1, 2, 3, 4, 5;
+WHERE id > :after_id AND id <= :upto_id AND queue IS NOT NULL
+GROUP BY 1, 2, 3, 4, 5, 6;
 
 -- name: add_steps
 -- A queue's steps in part of a minute (:grain 'minute') or an hour ('hour'), added to
--- that period's row: each stretch of history is rolled once, in the transaction that
--- moves rolled_until past it.
+-- that period's row: each history row is rolled once, in the transaction that moves
+-- rolled_id past it.
 INSERT INTO queue_rollups (grain, queue, at, created, deduplicated, claimed, completed, failed,
                            dead, reaped, released, cancelled, waited, ran, waited_sum, ran_sum)
 VALUES (:grain, :queue, :at, :created, :deduplicated, :claimed, :completed, :failed, :dead,
