@@ -74,7 +74,14 @@ async def complete(data: dict[str, Any]) -> Response[dict[str, Any]]:
     rows = await POOL.fetch(
         COMPLETE.sql,
         *COMPLETE.args(
-            {"id": data["id"], "owner": OWNER, "lease": data["lease"], "result": None, "scope": None}
+            {
+                "id": data["id"],
+                "owner": OWNER,
+                "lease": data["lease"],
+                "result": None,
+                "scope": None,
+                "actor_kind": "agent",
+            }
         ),
     )
     if not rows:

@@ -21,7 +21,7 @@ import msgspec
 
 from dashboard.db import connection
 from dashboard.errors import Conflict, InvalidInput, NotFound
-from dashboard.models import Scope, check_queue
+from dashboard.models import Problems, Scope, check_queue
 from dashboard.queries import ACCOUNTS as SQL
 
 ROLES = ("viewer", "operator")
@@ -105,8 +105,14 @@ def token_hash(secret: str) -> bytes:
 
 
 def _check_name(name: str, field: str) -> None:
-    if not NAME.match(name or ""):
-        raise InvalidInput(field, "letters, digits, _ . @ - (1-63 chars)")
+    if not name:
+        raise InvalidInput(field, "is required")
+    if not NAME.match(name):
+        raise InvalidInput(
+            field,
+            f"{name!r} is not a name: names use letters, digits, '_', '.', '@' and '-', up to 63 "
+            "characters, starting with a letter or digit",
+        )
 
 
 class Accounts:
@@ -171,11 +177,13 @@ class Accounts:
 
     async def add_token(self, agent: str, queues: list[str], *, actor: str = "cli") -> tuple[str, str]:
         """Create a token for `agent` on `queues`; returns (token id, secret)."""
-        _check_name(agent, "agent")
+        problems = Problems()  # the form shows every problem at once
+        problems.check(_check_name, agent, "agent")
         if not queues:
-            raise InvalidInput("queues", "give at least one queue")
+            problems.add("queues", "must name at least one queue")
         for q in queues:
-            check_queue(q, "queues")
+            problems.check(check_queue, q, "queues")
+        problems.raise_first()
         token_id = "tk_" + secrets.token_hex(6)
         secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
         async with connection(self.db) as conn, conn.transaction():

@@ -35,6 +35,7 @@ class InvalidInput(SwitchboardError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+        self.fields = {field: message}  # every field's problem, when checks went on (models.Problems)
 
 
 class DatabaseUnavailable(SwitchboardError):

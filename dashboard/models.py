@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any, Literal, NamedTuple, get_args
+from typing import Any, Literal, NamedTuple, TypeVar, get_args
 
 import msgspec
 
@@ -69,7 +69,8 @@ class Todo(msgspec.Struct, kw_only=True):
     @classmethod
     def from_record(cls, record) -> Todo:
         """From a `SELECT *` row of todos (the statements' extra columns — `part`,
-        `read_at`, `was`, `changes` — are dropped)."""
+        `read_at`, `was`, `changes` — are dropped, and `watched`, a waiter's mark for the
+        store: 0011_waits.sql)."""
         row = dict(record)
         for extra in _EXTRA_COLUMNS:
             row.pop(extra, None)
@@ -89,7 +90,7 @@ class Todo(msgspec.Struct, kw_only=True):
         )
 
 
-_EXTRA_COLUMNS = ("part", "read_at", "was", "changes")
+_EXTRA_COLUMNS = ("part", "read_at", "was", "changes", "watched")
 
 
 class TodoEdit(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -205,11 +206,13 @@ def check_id(todo_id: Any) -> str:
 
 
 def check_queue(name: Any, field: str = "queue") -> str:
+    if name is None or name == "":
+        raise InvalidInput(field, "is required")
     if not isinstance(name, str) or not QUEUE_NAME.fullmatch(name):
         raise InvalidInput(
             field,
-            f"{name!r} is not a queue name (lowercase letters, digits, _ . -; 1-63 chars, "
-            "starting with a letter or digit)",
+            f"{name!r} is not a queue name: queue names use lowercase letters, digits, '.', '_' "
+            "and '-', up to 63 characters, starting with a letter or digit",
         )
     return name
 
@@ -271,7 +274,7 @@ def check_text(value: Any, field: str, *, required: bool = False, limit: int = M
     if len(value) > limit:
         raise InvalidInput(field, f"is longer than {limit} characters")
     if "\x00" in value:
-        raise InvalidInput(field, "must not contain the NUL character")
+        raise InvalidInput(field, "must not contain a NUL character (a zero byte)")
     return value
 
 
@@ -353,24 +356,76 @@ class CheckedTodo(NamedTuple):
     assignee_until: datetime | None
 
 
+T = TypeVar("T")
+
+
+class Problems:
+    """Input checks run one after another, each field's first problem kept: a form shows
+    every error at once. `raise_first` raises the first, carrying them all in `fields`."""
+
+    def __init__(self) -> None:
+        self.first: InvalidInput | None = None
+        self.fields: dict[str, str] = {}
+
+    def check(self, check: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
+        try:
+            return check(*args, **kwargs)
+        except InvalidInput as exc:
+            self.first = self.first or exc
+            self.fields.setdefault(exc.field, exc.message)
+            return None
+
+    def add(self, field: str, message: str) -> None:
+        self.check(_refuse, field, message)
+
+    def raise_first(self) -> None:
+        if self.first is not None:
+            self.first.fields = self.fields
+            raise self.first
+
+
+def _refuse(field: str, message: str) -> None:
+    raise InvalidInput(field, message)
+
+
 def check_new_todo(item: NewTodo) -> CheckedTodo:
     """Check every field; returns the values as the store writes them."""
-    check_queue(item.queue)
-    check_text(item.title, "title", required=True)
-    for field in ("kind", "source", "idempotency_key", "assignee"):
-        check_text(getattr(item, field), field)
-    if item.idempotency_key is not None and not item.idempotency_key.strip():
+    problems = Problems()
+    checked = _checked_new_todo(item, problems)
+    problems.raise_first()
+    return checked
+
+
+def new_todo_problems(item: NewTodo) -> dict[str, str]:
+    """Every field's problem (field: message), for the create form; {} when it may be created."""
+    problems = Problems()
+    _checked_new_todo(item, problems)
+    return problems.fields
+
+
+def _check_key(key: Any) -> None:
+    check_text(key, "idempotency_key")
+    if key is not None and not key.strip():
         raise InvalidInput("idempotency_key", "must not be empty (leave it out for no key)")
-    payload = check_json_object(item.payload, "payload")
-    check_max_attempts(item.max_attempts)
-    check_priority(item.priority)
-    run_at, delay = check_schedule(item.run_at, item.delay)
-    until = check_assignee_until(item.assignee_until, item.assignee)
+
+
+def _checked_new_todo(item: NewTodo, problems: Problems) -> CheckedTodo:
+    check = problems.check
+    check(check_queue, item.queue)
+    check(check_text, item.title, "title", required=True)
+    for field in ("kind", "source", "assignee"):
+        check(check_text, getattr(item, field), field)
+    check(_check_key, item.idempotency_key)
+    payload = check(check_json_object, item.payload, "payload")
+    check(check_max_attempts, item.max_attempts)
+    check(check_priority, item.priority)
+    run_at, delay = check(check_schedule, item.run_at, item.delay) or (None, None)
+    until = check(check_assignee_until, item.assignee_until, item.assignee)
     event_payload = None
     if item.event is not None:
-        check_text(item.event.source, "event.source", required=True)
-        check_text(item.event.kind, "event.kind", required=True)
-        event_payload = check_json_object(item.event.payload, "event.payload")
+        check(check_text, item.event.source, "event.source", required=True)
+        check(check_text, item.event.kind, "event.kind", required=True)
+        event_payload = check(check_json_object, item.event.payload, "event.payload")
     return CheckedTodo(payload, event_payload, run_at, delay, until)
 
 

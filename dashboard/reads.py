@@ -36,9 +36,17 @@ RECENT_SECONDS = 3600  # "done (recent)" on the overview
 THROUGHPUT_MINUTES = 15
 # Queue counts are exact up to this many todos (per queue and count); above it they show
 # the rollup job's last backlog sample (at most SAMPLE_AGE old), marked approximate.
-EXACT_COUNT_LIMIT = 1000
+EXACT_COUNT_LIMIT = 500
+LEASE_COUNT_LIMIT = 2000  # leases counted, over all queues
+SAMPLED = {"dead": "dead_letters", "claimed": "held"}  # a count's name in the samples
 SAMPLE_AGE = 120.0
 MAX_PAGE = 500
+# A lease is short (highlighted on the leases and agents pages) when its time left is under
+# this share of its ttl, or under this many seconds: its agent should have beaten by now.
+SHORT_LEASE_SHARE = 0.2
+SHORT_LEASE_SECONDS = 10.0
+AGENTS_RECENT_SECONDS = 86400  # the agents page lists agents seen this recently (or with a token)
+AGENTS_HOUR_SECONDS = 3600  # its done, failed and refused acks count this far back
 
 # A list state as list_todos' (state, face) parameters.
 _STATE_FILTERS: dict[str | None, tuple[str | None, str | None]] = {
@@ -152,8 +160,51 @@ class Lease(msgspec.Struct, kw_only=True):
     lease_expires_at: datetime
     lapsed: bool
     seconds_left: float
+    ttl: float  # from its last claim or heartbeat to its expiry
     heartbeat_age: float | None
     server_now: datetime
+
+    @property
+    def short(self) -> bool:
+        return not self.lapsed and short_lease(self.seconds_left, self.ttl)
+
+
+def short_lease(seconds_left: float, ttl: float) -> bool:
+    """The short-lease rule (SHORT_LEASE_*); the agents statement applies the same one in SQL."""
+    return seconds_left < SHORT_LEASE_SECONDS or seconds_left < SHORT_LEASE_SHARE * ttl
+
+
+class AgentSummary(msgspec.Struct, kw_only=True):
+    """An agent as the agents page shows it. done, failed and the last claim, heartbeat and
+    ack come from the rollups (to the last rolled minute); leases and stale_acks are live."""
+
+    agent: str
+    leases: int  # held now
+    short: int  # of those, how many are short (and not lapsed)
+    lapsed: int
+    soonest_left: float | None  # seconds until the soonest lease expires (negative: lapsed)
+    last_claim_at: datetime | None
+    last_heartbeat_at: datetime | None
+    last_ack_at: datetime | None
+    done: int  # in the last AGENTS_HOUR_SECONDS
+    failed: int
+    stale_acks: int  # acks refused by fencing, in the last AGENTS_HOUR_SECONDS
+    token_id: str | None  # its newest active token, else its newest revoked one
+    token_queues: list[str] | None
+    token_created_at: datetime | None
+    token_revoked_at: datetime | None
+    active_tokens: int
+
+
+# A list state as the queue counts that add up to it (Reads.estimate_matching).
+ESTIMATED = {
+    "ready": ("ready",),
+    "scheduled": ("scheduled",),
+    "retrying": ("retrying",),
+    "pending": ("ready", "scheduled", "retrying"),
+    "claimed": ("claimed",),
+    "failed": ("dead",),
+}
 
 
 def encode_cursor(at: datetime, todo_id: str) -> str:
@@ -220,14 +271,19 @@ class Reads:
         shows the queue's last backlog sample instead (never less than the limit), and
         is named in `approximate`."""
         limit = EXACT_COUNT_LIMIT
-        counts = await SQL.queue_counts.fetch(self.db, recent_seconds=float(RECENT_SECONDS), limit=limit)
+        counts = await SQL.queue_counts.fetch(
+            self.db, recent_seconds=float(RECENT_SECONDS), limit=limit, lease_limit=LEASE_COUNT_LIMIT
+        )
         per_minute = await SQL.throughput.fetch(self.db, minutes=THROUGHPUT_MINUTES)
         buckets: dict[str, list[int]] = {}
         for row in per_minute:
             slot = THROUGHPUT_MINUTES - 1 - row["minutes_ago"]
             if 0 <= slot < THROUGHPUT_MINUTES:
                 buckets.setdefault(row["queue"], [0] * THROUGHPUT_MINUTES)[slot] = row["done"]
-        over = any(r["ready"] >= limit or r["waiting"] >= limit or r["dead"] >= limit for r in counts)
+        leases_over = sum(r["claimed"] for r in counts) >= LEASE_COUNT_LIMIT
+        over = leases_over or any(
+            r["ready"] >= limit or r["waiting"] >= limit or r["dead"] >= limit for r in counts
+        )
         samples = (
             {r["queue"]: r for r in await SQL.last_samples.fetch(self.db, seconds=SAMPLE_AGE)} if over else {}
         )
@@ -240,9 +296,10 @@ class Reads:
                 ("retrying", waiting >= limit),
                 ("scheduled", waiting >= limit),
                 ("dead", row["dead"] >= limit),
+                ("claimed", leases_over),
             ):
                 if reached:
-                    sampled = sample[name if name != "dead" else "dead_letters"] if sample else None
+                    sampled = sample[SAMPLED.get(name, name)] if sample else None
                     row[name] = max(sampled or 0, row[name])
                     approximate.add(name)
             if tail_done is not None and tail_done >= limit:
@@ -255,6 +312,19 @@ class Reads:
                 )
             )
         return stats
+
+    async def estimate_matching(self, filters: TodoFilter) -> int | None:
+        """How many todos a filter of one queue and a live state matches, as the overview
+        counts them (exact up to EXACT_COUNT_LIMIT, the last sample above); None for any
+        other filter (done todos and text filters are not counted ahead)."""
+        others = (filters.queues, filters.assignee, filters.owner, filters.kind, filters.search)
+        fields = ESTIMATED.get(filters.state)
+        if filters.queue is None or fields is None or any(f is not None for f in others):
+            return None
+        for s in await self.queue_stats():
+            if s.queue == filters.queue:
+                return sum(getattr(s, f) for f in fields)
+        return 0
 
     async def list_todos(self, filters: TodoFilter, *, limit: int = 50, after: str | None = None) -> Page:
         """Newest first by created_at, keyset-paginated by (created_at, id)."""
@@ -294,11 +364,25 @@ class Reads:
         )
         return self._page(rows, limit, "completed_at")
 
-    async def leases(self, queue: str | None = None, limit: int = MAX_PAGE) -> list[Lease]:
-        return _of(Lease, await SQL.leases.fetch(self.db, queue=queue, limit=limit))
+    async def leases(
+        self, queue: str | None = None, limit: int = MAX_PAGE, *, owner: str | None = None
+    ) -> list[Lease]:
+        owner = check_text(owner, "owner")
+        return _of(Lease, await SQL.leases.fetch(self.db, queue=queue, owner=owner, limit=limit))
 
-    async def lease_count(self) -> int:
-        return await SQL.lease_count.fetchval(self.db)
+    async def lease_count(self, owner: str | None = None) -> int:
+        return await SQL.lease_count.fetchval(self.db, owner=check_text(owner, "owner"))
+
+    async def agents(self) -> list[AgentSummary]:
+        """Every agent with an active token, a lease now, or steps in the last day."""
+        rows = await SQL.agents.fetch(
+            self.db,
+            recent_seconds=float(AGENTS_RECENT_SECONDS),
+            hour_seconds=float(AGENTS_HOUR_SECONDS),
+            short_seconds=SHORT_LEASE_SECONDS,
+            short_share=SHORT_LEASE_SHARE,
+        )
+        return _of(AgentSummary, rows)
 
     async def dead_letter_queues(self) -> list[str]:
         return [r["queue"] for r in await SQL.dead_letter_queues.fetch(self.db)]

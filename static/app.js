@@ -1,6 +1,7 @@
 // The dashboard's only script (CSP forbids inline script): lease countdowns, "select all"
-// on the queue and dead-letters pages, and no auto-refresh of a part of a page while the
-// operator is choosing or typing in it.
+// on the queue and dead-letters pages, no auto-refresh of a part of a page while the
+// operator is choosing or typing in it, "select at least one" before a bulk action, the
+// copy buttons, open/closed <details> kept across refreshes, and the calm "new work" line.
 (function () {
   "use strict";
 
@@ -46,6 +47,111 @@
         box.checked = e.target.checked;
       });
     }
+  });
+
+  // A bulk action on "the selected" rows with no box ticked: say so beside its buttons,
+  // with neither a confirmation dialog nor a request. The sender (a form, or a button)
+  // says which field holds the scope (data-selection-scope) or that it always needs a
+  // selection (data-needs-selection). Without script the server answers the same.
+  function noneSelected(sender) {
+    var form = sender.closest && sender.closest("form");
+    if (!form) return false;
+    var field = sender.dataset.selectionScope && form.elements[sender.dataset.selectionScope];
+    var needs = sender.hasAttribute("data-needs-selection") || (field && field.value === "selected");
+    return needs && !form.querySelector("input[name=ids]:checked");
+  }
+
+  function showSelectionHint(form, show) {
+    form.querySelectorAll(".selection-hint").forEach(function (hint) { hint.hidden = !show; });
+  }
+
+  document.addEventListener("htmx:confirm", function (e) {
+    var sender = e.detail.elt;
+    if (sender && noneSelected(sender)) {
+      e.preventDefault();
+      showSelectionHint(sender.closest("form"), true);
+    }
+  });
+  document.addEventListener("submit", function (e) {  // the same form sent without htmx
+    var sender = e.submitter && e.submitter.closest("[data-needs-selection], [data-selection-scope]") ||
+      e.target.closest("[data-selection-scope]");
+    if (sender && noneSelected(sender)) {
+      e.preventDefault();
+      showSelectionHint(e.target, true);
+    }
+  });
+  document.addEventListener("change", function (e) {  // a box ticked, or "all that match" chosen
+    var form = e.target.closest && e.target.closest("form");
+    if (form) showSelectionHint(form, false);
+  });
+
+  // Copy buttons: data-copy names the element whose text goes to the clipboard.
+  document.addEventListener("click", function (e) {
+    var button = e.target.closest && e.target.closest("[data-copy]");
+    if (!button) return;
+    var source = document.querySelector(button.dataset.copy);
+    if (!source) return;
+    var done = function (ok) {
+      button.textContent = ok ? "Copied" : "Copy failed: select the text instead";
+      setTimeout(function () { button.textContent = button.dataset.label || "Copy"; }, 2000);
+    };
+    button.dataset.label = button.dataset.label || button.textContent;
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(source.textContent).then(function () { done(true); },
+        function () { done(false); });
+    } else {
+      var range = document.createRange();
+      range.selectNodeContents(source);
+      var selection = window.getSelection();
+      selection.removeAllRanges();
+      selection.addRange(range);
+      done(document.execCommand("copy"));
+    }
+  });
+
+  // <details id=…> stay as the operator left them when their part of the page refreshes.
+  // Their summary's click (a key press on it clicks too) records the choice: a "toggle"
+  // event would also come from every redrawn <details open>.
+  var opened = {};
+  document.addEventListener("click", function (e) {
+    var summary = e.target.closest && e.target.closest("summary");
+    var details = summary && summary.parentElement;
+    if (details && details.tagName === "DETAILS" && details.id) opened[details.id] = !details.open;
+  });
+  document.addEventListener("htmx:afterSettle", function () {
+    Object.keys(opened).forEach(function (id) {
+      var details = document.getElementById(id);
+      if (details && details.open !== opened[id]) details.open = opened[id];
+    });
+  });
+
+  // "New work in <queue>": only on pages with a #notice line (the overview: any queue; a
+  // queue page, data-notice-for: its own), at most once per queue every NOTICE_EVERY ms,
+  // drawn in place (its age ticks on) instead of popping up again.
+  var NOTICE_EVERY = 10000;
+  var announced = {};
+  document.addEventListener("htmx:sseBeforeMessage", function (e) {
+    var line = e.target;
+    if (line.id !== "notice") return;
+    e.preventDefault();  // drawn here, not swapped in
+    var holder = document.createElement("template");
+    holder.innerHTML = e.detail.data;
+    var hint = holder.content.querySelector("[data-queues]");
+    var only = line.dataset.noticeFor;
+    var now = Date.now();
+    var fresh = (hint ? hint.dataset.queues.split(",") : []).filter(function (queue) {
+      return (!only || queue === only) && !(now - (announced[queue] || 0) < NOTICE_EVERY);
+    });
+    if (!fresh.length) return;
+    fresh.forEach(function (queue) { announced[queue] = now; });
+    var shown = fresh.slice(0, 3).join(", ") + (fresh.length > 3 ? " …" : "");
+    var age = document.createElement("span");
+    age.dataset.since = now;
+    age.textContent = "0s";
+    line.textContent = "new work in " + shown + " · ";
+    line.appendChild(age);
+    line.appendChild(document.createTextNode(" ago"));
+    line.hidden = false;
   });
 
   // A field the operator has changed from how the page drew it: a box ticked, an action

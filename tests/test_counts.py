@@ -10,7 +10,8 @@ from dashboard.reads import Reads
 from dashboard.rollups import Rollups
 from dashboard.store import Store
 from dashboard.web.templating import figure
-from tests.factories import claimed, dead_letter, enqueue, retrying
+from tests.factories import claimed, dead_letter, enqueue, login, new_todo, retrying
+from tests.web_helpers import get_page, text
 
 
 async def stats_of(conn, queue: str):
@@ -79,3 +80,39 @@ async def test_counts_are_never_negative_and_empty_queues_leave(conn):
 )
 def test_figures(value, approximate, shown):
     assert figure(value, approximate) == shown
+
+
+async def test_leases_above_their_limit_show_the_sample(conn, monkeypatch):
+    monkeypatch.setattr(reads_module, "LEASE_COUNT_LIMIT", 3)
+    store = Store(conn)
+    for i in range(4):
+        await claimed(store, "held", f"t{i}")
+
+    s = await stats_of(conn, "held")
+    assert s.claimed == 3 and "claimed" in s.approximate
+
+    await Rollups(conn).sample()
+    s = await stats_of(conn, "held")
+    assert s.claimed == 4 and "claimed" in s.approximate
+
+
+async def test_a_long_list_says_how_many_match(client_without_reaper, pool, store, monkeypatch):
+    """Past a page, the queue page counts up to 1,000 matches; past that it shows the
+    queue's count for a state filter ('about …'), and '1,000+' for any other filter."""
+    monkeypatch.setattr(reads_module, "EXACT_COUNT_LIMIT", 5)
+    await login(client_without_reaper, pool)
+    for batch in (range(0, 1000), range(1000, 1003)):
+        await store.create_many([new_todo("long", f"t{i}") for i in batch])
+    await enqueue(store, "short", "only")
+
+    page = await get_page(client_without_reaper, "/queues/short")
+    assert "1 matching" in text(page)
+    page = await get_page(client_without_reaper, "/queues/long?state=ready")
+    assert "1,000+ matching" in text(page)  # the count stopped at its limit (5), and no sample yet
+    await Rollups(pool).sample()
+    page = await get_page(client_without_reaper, "/queues/long?state=ready")
+    assert "about 1.0k matching" in text(page)
+    page = await get_page(client_without_reaper, "/queues/long?q=t1")
+    assert "114 matching" in text(page)  # t1, t10…t19, t100…t199, t1000…t1002
+    page = await get_page(client_without_reaper, "/queues/long")
+    assert "1,000+ matching" in text(page)

@@ -6,6 +6,7 @@ for a plain form."""
 from __future__ import annotations
 
 import json
+from urllib.parse import urlencode
 
 from litestar import Request, post
 from litestar.di import NamedDependency
@@ -14,7 +15,7 @@ from litestar.response import Redirect, Template
 
 from dashboard.accounts import Accounts
 from dashboard.errors import Conflict, InvalidInput
-from dashboard.models import DEFAULT_MAX_ATTEMPTS, MAX_JSON_BYTES, Actor, NewTodo
+from dashboard.models import DEFAULT_MAX_ATTEMPTS, MAX_JSON_BYTES, Actor, NewTodo, new_todo_problems
 from dashboard.reads import Reads
 from dashboard.store import Store
 from dashboard.web.auth import operators_only
@@ -81,16 +82,17 @@ async def retry_todo(
 async def release_todo(
     request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads], todo_id: FromPath[str]
 ) -> Template | Redirect:
-    from_leases = (await request.form()).get("back") == "leases"
+    form = await request.form()
+    from_leases, owner = form.get("back") == "leases", form.get("owner") or None  # the page's filter
     todo = await store.force_release(todo_id, actor(request))
     message = f"lease on {todo.id} released: pending again"
     if from_leases:
         return await after_action(
             request,
             message,
-            url="/leases",
+            url="/leases" + (f"?{urlencode({'owner': owner})}" if owner else ""),
             partial="partials/leases.html",
-            context=lambda: leases_context(reads),
+            context=lambda: leases_context(reads, owner),
         )
     return await after_action(
         request,
@@ -101,16 +103,23 @@ async def release_todo(
     )
 
 
+def parse_payload(text: str) -> tuple[dict | None, str | None]:
+    """A form's payload text: (the JSON value, None), or (None, what is wrong with it)."""
+    try:
+        return json.loads(text or "{}"), None
+    except json.JSONDecodeError as exc:
+        return None, f"is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+    except RecursionError:
+        return None, "is nested too deeply (JSON arrays and objects inside each other)"
+
+
 @post("/create", guards=[operators_only], request_max_body_size=CREATE_FORM_LIMIT)
 async def create_todo(request: Request, store: NamedDependency[Store]) -> Template | Redirect:
+    """Every field's problem is shown at once, beside the field, with what was typed kept."""
     form = await request.form()
     values = {f: form.get(f, "").strip() if f != "payload" else form.get(f, "") for f in CREATE_FIELDS}
-    errors: dict[str, str] = {}
-    try:
-        payload = json.loads(values["payload"] or "{}")
-    except json.JSONDecodeError as exc:
-        errors["payload"] = f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        payload = None
+    payload, payload_error = parse_payload(values["payload"])
+    errors = {"payload": payload_error} if payload_error else {}
     numbers = {}
     for name, default, parse, hint in (
         ("max_attempts", DEFAULT_MAX_ATTEMPTS, int, "a whole number from 1 to 100"),
@@ -120,23 +129,24 @@ async def create_todo(request: Request, store: NamedDependency[Store]) -> Templa
         try:
             numbers[name] = parse(values[name]) if values[name] else default
         except ValueError:
-            errors[name] = f"must be {hint}"
+            numbers[name], errors[name] = default, f"must be {hint}"
+    item = NewTodo(
+        queue=values["queue"],
+        title=values["title"],
+        kind=values["kind"] or None,
+        payload={} if payload_error else payload,
+        assignee=values["assignee"] or None,
+        assignee_until=utc(values["assignee_until"]) or None,
+        idempotency_key=values["idempotency_key"] or None,
+        run_at=utc(values["run_at"]) or None,
+        **numbers,
+    )
+    errors = {**new_todo_problems(item), **errors}  # a field that could not be read says so
     if not errors:
-        item = NewTodo(
-            queue=values["queue"],
-            title=values["title"],
-            kind=values["kind"] or None,
-            payload=payload,
-            assignee=values["assignee"] or None,
-            assignee_until=utc(values["assignee_until"]) or None,
-            idempotency_key=values["idempotency_key"] or None,
-            run_at=utc(values["run_at"]) or None,
-            **numbers,
-        )
         try:
             created = await store.create(item, actor=actor(request))
         except InvalidInput as exc:
-            errors[exc.field] = exc.message
+            errors = exc.fields
         else:
             todo = created.todo
             if not created.created:
@@ -152,15 +162,22 @@ async def create_todo(request: Request, store: NamedDependency[Store]) -> Templa
 
 
 @post("/tokens", guards=[operators_only])
-async def add_token(request: Request, accounts: NamedDependency[Accounts]) -> Template:
+async def add_token(
+    request: Request, accounts: NamedDependency[Accounts], reads: NamedDependency[Reads]
+) -> Template:
+    """On a refusal the form keeps what was typed and marks every bad field. A queue no
+    todo has been in yet is allowed (agents may be set up first) but named, in case of a typo."""
     form = await request.form()
-    queues = [q.strip() for q in form.get("queues", "").split(",") if q.strip()]
-    error, secret = None, None
+    values = {f: form.get(f, "").strip() for f in ("agent", "queues")}
+    queues = [q.strip() for q in values["queues"].split(",") if q.strip()]
     try:
-        _, secret = await accounts.add_token(form.get("agent", "").strip(), queues, actor=signed(request))
-    except (InvalidInput, Conflict) as exc:
-        error = str(exc)
-    return await tokens_view(request, accounts, new_secret=secret, error=error)
+        _, secret = await accounts.add_token(values["agent"], queues, actor=signed(request))
+    except InvalidInput as exc:
+        return await tokens_view(request, accounts, values=values, errors=exc.fields, status=422)
+    except Conflict as exc:  # the name is an operator's
+        errors = {"agent": f"is taken: {exc}"}
+        return await tokens_view(request, accounts, values=values, errors=errors, status=409)
+    return await tokens_view(request, accounts, new_secret=secret, unknown=await reads.unknown_queues(queues))
 
 
 @post("/tokens/{token_id:str}/revoke", guards=[operators_only])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from functools import partial
 from urllib.parse import urlencode
 
 from litestar import Request, get, post
@@ -18,7 +19,7 @@ from dashboard.errors import Conflict, InvalidInput
 from dashboard.models import TodoEdit
 from dashboard.reads import Reads
 from dashboard.store import BulkReport, Store
-from dashboard.web.actions import actor, budget, utc
+from dashboard.web.actions import actor, budget, parse_payload, utc
 from dashboard.web.auth import operators_only
 from dashboard.web.pages import (
     dead_context,
@@ -26,9 +27,11 @@ from dashboard.web.pages import (
     queue_context,
     queue_control_context,
     queue_filter,
+    takes,
     todo_context,
 )
 from dashboard.web.responses import after_action, page, redirect
+from dashboard.web.templating import none_selected
 
 BULK_MAX = 100_000  # todos one "all matching" action takes at most
 BULK_ACTIONS = ("cancel", "retry", "run_now", "priority", "reassign")  # run_bulk's
@@ -105,7 +108,7 @@ def local_utc(at: datetime | None) -> str:
     return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S") if at else ""
 
 
-@get("/todos/{todo_id:str}/edit")
+@get("/todos/{todo_id:str}/edit", **takes("retry"))
 async def edit_page(request: Request, reads: NamedDependency[Reads], todo_id: FromPath[str]) -> Template:
     detail = await reads.todo_detail(todo_id)
     todo = detail.todo
@@ -145,12 +148,9 @@ async def edit_todo(
             fields[name] = int(values[name])
         except ValueError:
             errors[name] = "must be a whole number"
-    try:
-        fields["payload"] = json.loads(values["payload"] or "{}")
-    except json.JSONDecodeError as exc:
-        errors["payload"] = f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-    except RecursionError:
-        errors["payload"] = "nested too deeply"
+    fields["payload"], payload_error = parse_payload(values["payload"])
+    if payload_error:
+        errors["payload"] = payload_error
     if not errors:
         try:
             todo = await store.edit(todo_id, actor(request), TodoEdit(**fields), retry=retry)
@@ -199,11 +199,8 @@ async def run_bulk(store: Store, request: Request, form, ids: list[str], action:
     raise InvalidInput("action", f"must be one of {', '.join(BULK_ACTIONS)}")
 
 
-def _selected(form, noun: str = "todo") -> list[str]:
-    ids = form.getall("ids") if "ids" in form else []
-    if not ids:
-        raise InvalidInput("ids", f"select at least one {noun} (or choose all that match the filter)")
-    return ids
+def _selected(form) -> list[str]:
+    return form.getall("ids") if "ids" in form else []
 
 
 @post("/queues/{queue:str}/bulk", guards=[operators_only])
@@ -214,22 +211,23 @@ async def queue_bulk(
     changed since the page was drawn are skipped and counted."""
     form = await request.form()
     filters = queue_filter(queue, form)
-    if form.get("scope") == "all":
-        ids = await reads.matching_ids(filters, limit=BULK_MAX)
-        if not ids:
-            raise InvalidInput("ids", "no todo matches the filter any more")
-    else:
-        ids = _selected(form)
-    report = await run_bulk(store, request, form, ids, form.get("action", ""))
     query = {k: v for k in ("state", "assignee", "owner", "kind", "q") if (v := form.get(k))}
-    return await after_action(
+    answer = partial(
+        after_action,
         request,
-        report.summary(),
-        kind="error" if report.skipped and not report.changed else "ok",
         url=f"/queues/{queue}" + (f"?{urlencode(query)}" if query else ""),
         partial="partials/todos.html",
         context=lambda: queue_context(request, reads, queue, form),
     )
+    if form.get("scope") == "all":
+        ids = await reads.matching_ids(filters, limit=BULK_MAX)
+        refusal = "No todo matches the filter any more."
+    else:
+        ids, refusal = _selected(form), none_selected("todo")
+    if not ids:
+        return await answer(refusal, kind="error")
+    report = await run_bulk(store, request, form, ids, form.get("action", ""))
+    return await answer(report.summary(), kind="error" if report.skipped and not report.changed else "ok")
 
 
 @post(["/dead/retry", "/dead/bulk"], guards=[operators_only])
@@ -244,24 +242,25 @@ async def dead_bulk(
     action, scope = (
         (form.get("bulk_action", ""), form.get("bulk_scope")) if bulk else ("retry", form.get("scope"))
     )
-    if form.get("one"):
-        ids = [form["one"]]
-    elif scope == "all":
-        ids = await reads.dead_letter_ids(queue, cancelled=cancelled)
-        if not ids:
-            raise InvalidInput("ids", "no dead-letter matches the filter any more")
-    else:
-        ids = _selected(form, "dead-letter")
-    report = await run_bulk(store, request, form, ids, action)
     query = {k: v for k in ("queue", "cancelled") if (v := form.get(k))}
-    return await after_action(
+    answer = partial(
+        after_action,
         request,
-        report.summary(),
-        kind="error" if report.skipped else "ok",
         url="/dead" + (f"?{urlencode(query)}" if query else ""),
         partial="partials/dead.html",
         context=lambda: dead_context(reads, queue, cancelled),
     )
+    if form.get("one"):
+        ids, refusal = [form["one"]], ""
+    elif scope == "all":
+        ids = await reads.dead_letter_ids(queue, cancelled=cancelled)
+        refusal = "No dead-letter matches the filter any more."
+    else:
+        ids, refusal = _selected(form), none_selected("dead-letter")
+    if not ids:
+        return await answer(refusal, kind="error")
+    report = await run_bulk(store, request, form, ids, action)
+    return await answer(report.summary(), kind="error" if report.skipped else "ok")
 
 
 ROUTES = [pause_queue, resume_queue, cancel_todo, run_todo_now, edit_page, edit_todo, queue_bulk, dead_bulk]

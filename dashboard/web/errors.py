@@ -78,9 +78,9 @@ def detail_of(exc: Exception, status: int) -> tuple[str, dict]:
     if isinstance(exc, HTTPException):
         return exc.detail, {}
     if isinstance(exc, RecursionError):
-        return "the JSON is nested too deeply", {}
-    if isinstance(exc, asyncpg.DataError):
-        return f"PostgreSQL cannot take this input: {exc}", {}
+        return "the JSON is nested too deeply (arrays and objects inside each other)", {}
+    if isinstance(exc, asyncpg.DataError):  # the input checks should have caught it first
+        return f"a value in this request cannot be stored or searched for ({exc})", {}
     return str(exc), {}
 
 
@@ -137,7 +137,12 @@ def handle(request: Request, exc: Exception) -> Response:
         headers.update({"HX-Retarget": "#flash", "HX-Reswap": "innerHTML"})
     return Template(
         template,
-        context={"status": status, "title": _TITLES.get(status, "Error"), "detail": detail},
+        context={
+            "status": status,
+            "title": _TITLES.get(status, "Error"),
+            "detail": detail,
+            "operator": request.scope.get("operator"),  # the page's menu is the operator's own
+        },
         status_code=status,
         media_type=MediaType.HTML,
         headers=headers,

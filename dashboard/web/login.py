@@ -41,7 +41,8 @@ async def login(request: Request, accounts: NamedDependency[Accounts]) -> Templa
     limits = services(request).limits
     address = request.client.host if request.client else ""
     limits.check_login(address, name)
-    operator = await accounts.login(name, password)
+    # A NUL names nobody (and PostgreSQL text cannot hold one): a failed login like any other.
+    operator = None if "\x00" in name else await accounts.login(name, password)
     if operator is None:
         limits.login_failed(address, name)
         return Template(

@@ -7,22 +7,27 @@ from datetime import UTC, datetime
 
 from litestar.plugins.jinja import JinjaTemplateEngine
 
+EMPTY = "—"  # the one mark for "nothing here", on every page
+
 
 def ago(value: datetime | None, now: datetime | None = None) -> str:
-    """'3s ago', 'in 2m' — relative to now."""
+    """'3s ago', 'in 2m' — relative to now; under a second, 'just now' or 'in under a second'."""
     if value is None:
-        return "—"
+        return EMPTY
     seconds = ((now or datetime.now(UTC)) - value).total_seconds()
+    if abs(seconds) < 1:
+        return "just now" if seconds >= 0 else "in under a second"
     text = duration(abs(seconds))
     return f"{text} ago" if seconds >= 0 else f"in {text}"
 
 
 def duration(seconds: float | None) -> str:
+    """Whole seconds and up ('3s', '2m 5s', '4h'): an operator reads no milliseconds."""
     if seconds is None:
-        return "—"
+        return EMPTY
     s = abs(seconds)
     if s < 1:
-        return f"{s * 1000:.0f}ms"
+        return "<1s"
     s = round(s)  # whole seconds first: 599.97 s is "10m 0s", not "9m 60s"
     if s < 60:
         return f"{s:.0f}s"
@@ -39,6 +44,19 @@ def pretty_json(value) -> str:
 
 def iso(value: datetime | None) -> str:
     return value.isoformat(timespec="seconds") if value else ""
+
+
+def utc(value: datetime | None) -> str:
+    """The absolute time, with its zone, for a tooltip beside a relative one."""
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if value else ""
+
+
+def field_error(message: str, field: str) -> str:
+    """An input check's message as a sentence under its field: 'is required' under title
+    reads 'Title is required.'; a message that names its own subject is only capitalised."""
+    if message.startswith(("is ", "must ", "needs ", "may ")):
+        message = f"{field.replace('_', ' ').capitalize()} {message}"
+    return message[:1].upper() + message[1:].rstrip(".") + "."
 
 
 def figure(value: int, approximate: bool = False) -> str:
@@ -61,5 +79,8 @@ def none_selected(noun: str) -> str:
 
 def configure(engine: JinjaTemplateEngine) -> None:
     env = engine.engine
-    env.filters.update(ago=ago, duration=duration, pretty_json=pretty_json, iso=iso)
+    env.filters.update(
+        ago=ago, duration=duration, pretty_json=pretty_json, iso=iso, utc=utc, field_error=field_error
+    )
     env.filters["figure"] = figure
+    env.globals["none_selected"] = none_selected

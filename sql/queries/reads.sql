@@ -22,8 +22,12 @@ WITH RECURSIVE pending_queues AS (
             ORDER BY t.queue LIMIT 1)
     FROM dead_queues d WHERE d.queue IS NOT NULL
 ), leases AS (
+    -- the first :lease_limit leases by expiry (lapsed ones first): with more, Reads shows
+    -- the sampled figure (held), and the queues sampled with leases are listed below
     SELECT queue, count(*) AS claimed, count(*) FILTER (WHERE lease_expires_at < now()) AS lapsed
-    FROM todos WHERE lease_expires_at IS NOT NULL GROUP BY queue  -- claimed: todos_leases
+    FROM (SELECT queue, lease_expires_at FROM todos WHERE lease_expires_at IS NOT NULL  -- todos_leases
+          ORDER BY lease_expires_at LIMIT :lease_limit) AS l
+    GROUP BY queue
 ), rolled AS (
     SELECT queue, sum(completed) AS done FROM queue_rollups
     WHERE grain = 'minute' AND at >= now() - make_interval(secs => :recent_seconds) AND queue <> '*'
@@ -42,6 +46,9 @@ WITH RECURSIVE pending_queues AS (
     UNION SELECT queue FROM rolled WHERE done > 0
     UNION SELECT queue FROM tail
     UNION SELECT queue FROM queue_pauses
+    UNION SELECT queue FROM queue_rollups
+          WHERE grain = 'minute' AND at >= date_trunc('minute', now()) - interval '2 minutes'
+            AND queue <> '*' AND held > 0
 )
 SELECT q.queue,
        (SELECT count(*) FROM (SELECT FROM todos t WHERE t.state = 'pending' AND t.queue = q.queue
@@ -74,35 +81,111 @@ ORDER BY q.queue;
 -- name: last_samples
 -- Each queue's latest backlog sample of the last :seconds (the rollup job's), for the
 -- counts that reached the exact-count limit.
-SELECT DISTINCT ON (queue) queue, at, ready, retrying, scheduled, dead_letters
+SELECT DISTINCT ON (queue) queue, at, ready, retrying, scheduled, held, dead_letters
 FROM queue_rollups
 WHERE grain = 'minute' AND at >= date_trunc('minute', now() - make_interval(secs => :seconds))
   AND ready IS NOT NULL AND queue <> '*'
 ORDER BY queue, at DESC;
 
 -- name: throughput
--- Completions per queue in each of the last :minutes rolled-up minutes (the sparklines),
--- by how many minutes before the last rolled one (0: that one).
+-- Completions per queue in each of the last :minutes minutes rolled up (the sparklines;
+-- the last one still filling), by how many minutes before that last one (0: that one).
 SELECT queue,
-       (extract(epoch FROM (SELECT rolled_until FROM rollup_progress) - at) / 60)::int - 1 AS minutes_ago,
+       (extract(epoch FROM date_trunc('minute', (SELECT rolled_until FROM rollup_progress)) - at) / 60)::int
+           AS minutes_ago,
        completed AS done
 FROM queue_rollups
 WHERE grain = 'minute' AND completed > 0 AND queue <> '*'
-  AND at >= (SELECT rolled_until FROM rollup_progress) - make_interval(mins => :minutes);
+  AND at > date_trunc('minute', (SELECT rolled_until FROM rollup_progress)) - make_interval(mins => :minutes);
 
 -- name: leases
--- Every claimed todo, soonest expiry first.
+-- Every claimed todo (in :queue, held by :owner, when given), soonest expiry first. ttl:
+-- the lease's length, from its last claim or heartbeat to its expiry.
 SELECT id, queue, title, kind, owner, attempt, max_attempts, lease_token, claimed_at,
        heartbeat_at, lease_expires_at, lease_expires_at < now() AS lapsed,
        extract(epoch FROM lease_expires_at - now()) AS seconds_left,
+       extract(epoch FROM lease_expires_at - coalesce(heartbeat_at, claimed_at))::float8 AS ttl,
        extract(epoch FROM now() - heartbeat_at) AS heartbeat_age, now() AS server_now
 FROM todos
 WHERE lease_expires_at IS NOT NULL AND (:queue::text IS NULL OR queue = :queue)  -- claimed
+  AND (:owner::text IS NULL OR owner = :owner)
 ORDER BY lease_expires_at, id
 LIMIT :limit;
 
 -- name: lease_count
-SELECT count(*) FROM todos WHERE lease_expires_at IS NOT NULL;  -- claimed: todos_leases
+SELECT count(*) FROM todos  -- claimed: todos_leases
+WHERE lease_expires_at IS NOT NULL AND (:owner::text IS NULL OR owner = :owner);
+
+-- name: agents
+-- The agents page: one row per agent that has an active token, holds a lease now, or
+-- shows in the rollups or the refused acks of the last :recent_seconds. Nothing here
+-- reads history: leases come from the live todos (todos_leases); done, failed and the
+-- last claim, heartbeat and ack from agent_rollups, each agent's rows read backwards
+-- along its primary key (so they reach the last rolled minute, not now); refused acks
+-- from stale_acks, written as they happen, and rare. A lease is short when its time
+-- left is under :short_seconds or under :short_share of its ttl (short_lease in
+-- dashboard/reads.py); a lapsed one is counted apart. A claim sets its lease's
+-- heartbeat_at, so it counts as a heartbeat here, as on the leases page.
+WITH RECURSIVE rolled_agents AS (  -- each agent with rollups, one probe of the key each
+    (SELECT agent FROM agent_rollups ORDER BY agent LIMIT 1)
+    UNION ALL
+    SELECT (SELECT r.agent FROM agent_rollups r WHERE r.agent > a.agent ORDER BY r.agent LIMIT 1)
+    FROM rolled_agents a WHERE a.agent IS NOT NULL
+), leases AS (
+    SELECT owner AS agent, count(*) AS leases, count(*) FILTER (WHERE time_left < '0') AS lapsed,
+           count(*) FILTER (WHERE time_left >= '0' AND (time_left < make_interval(secs => :short_seconds)
+                                                        OR time_left < ttl * :short_share::float8)) AS short,
+           min(lease_expires_at) AS soonest, max(claimed_at) AS claimed_at, max(heartbeat_at) AS heartbeat_at
+    FROM (SELECT owner, claimed_at, heartbeat_at, lease_expires_at, lease_expires_at - now() AS time_left,
+                 lease_expires_at - coalesce(heartbeat_at, claimed_at) AS ttl
+          FROM todos WHERE lease_expires_at IS NOT NULL) AS l  -- claimed: todos_leases
+    GROUP BY owner
+), stale AS (
+    SELECT agent, count(*) FILTER (WHERE at >= now() - make_interval(secs => :hour_seconds)) AS stale_acks
+    FROM stale_acks WHERE at >= now() - make_interval(secs => :recent_seconds)
+    GROUP BY agent
+), tokens AS (  -- each agent's newest active token, else its newest revoked one
+    SELECT DISTINCT ON (agent) agent, id AS token_id, queues AS token_queues,
+           created_at AS token_created_at, revoked_at AS token_revoked_at,
+           count(*) FILTER (WHERE revoked_at IS NULL) OVER (PARTITION BY agent) AS active_tokens
+    FROM api_tokens
+    ORDER BY agent, revoked_at IS NOT NULL, created_at DESC
+), agents AS (
+    SELECT agent FROM tokens WHERE token_revoked_at IS NULL
+    UNION SELECT agent FROM leases
+    UNION SELECT agent FROM stale
+    UNION SELECT agent FROM rolled_agents a
+          WHERE EXISTS (SELECT FROM agent_rollups r WHERE r.agent = a.agent
+                          AND r.at >= now() - make_interval(secs => :recent_seconds))
+)
+SELECT a.agent,
+       coalesce(l.leases, 0)::int AS leases, coalesce(l.short, 0)::int AS short,
+       coalesce(l.lapsed, 0)::int AS lapsed, extract(epoch FROM l.soonest - now())::float8 AS soonest_left,
+       greatest(l.claimed_at, (SELECT r.last_claim_at FROM agent_rollups r
+                               WHERE r.agent = a.agent AND r.at >= now() - make_interval(secs => :recent_seconds)
+                                 AND r.last_claim_at IS NOT NULL
+                               ORDER BY r.at DESC LIMIT 1)) AS last_claim_at,
+       greatest(l.heartbeat_at, (SELECT r.last_heartbeat_at FROM agent_rollups r
+                                 WHERE r.agent = a.agent AND r.at >= now() - make_interval(secs => :recent_seconds)
+                                   AND r.last_heartbeat_at IS NOT NULL
+                                 ORDER BY r.at DESC LIMIT 1)) AS last_heartbeat_at,
+       (SELECT r.last_ack_at FROM agent_rollups r
+        WHERE r.agent = a.agent AND r.at >= now() - make_interval(secs => :recent_seconds)
+          AND r.last_ack_at IS NOT NULL
+        ORDER BY r.at DESC LIMIT 1) AS last_ack_at,
+       coalesce(h.done, 0)::int AS done, coalesce(h.failed, 0)::int AS failed,
+       coalesce(s.stale_acks, 0)::int AS stale_acks,
+       t.token_id, t.token_queues, t.token_created_at, t.token_revoked_at,
+       coalesce(t.active_tokens, 0)::int AS active_tokens
+FROM agents a
+LEFT JOIN leases l USING (agent)
+LEFT JOIN stale s USING (agent)
+LEFT JOIN tokens t USING (agent)
+CROSS JOIN LATERAL (
+    SELECT sum(r.completed) AS done, sum(r.failed) AS failed FROM agent_rollups r
+    WHERE r.agent = a.agent AND r.at >= now() - make_interval(secs => :hour_seconds)
+) AS h
+ORDER BY a.agent;
 
 -- name: todo
 -- read_at: the database's clock, which decides whether a pending todo is retrying.

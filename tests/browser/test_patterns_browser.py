@@ -14,7 +14,8 @@ def test_the_patterns_page_shows_every_ui_piece_without_a_csp_violation(logged_i
     for heading in ("State badges and pills", "Messages", "Table", "Form with errors", "History timeline"):
         expect(page.get_by_role("heading", name=heading)).to_be_visible()
     expect(page.locator(".badge.retrying")).to_contain_text("retrying in")
-    expect(page.locator(".flash.error")).to_have_count(2)  # the error flash and the error banner
+    # the error flash, the error banner and the "select at least one" hint
+    expect(page.locator(".flash.error")).to_have_count(3)
     expect(page.locator(".field-error")).to_have_count(2)
     expect(page.locator(".timeline li")).to_have_count(7)
     expect(page.locator(".timeline .actor")).to_have_text(
