@@ -169,7 +169,7 @@ def fold(rows) -> tuple[list[dict], list[dict]]:
     agents: dict[tuple[str, datetime], dict] = {}
     for r in rows:
         event, n = r["event"], r["n"]
-        if event in AGENT_LAST:  # steps only an agent takes (an operator's release is force_released)
+        if r["actor_kind"] == "agent" and event in AGENT_LAST:  # not a person's, from the Inbox
             row = agents.setdefault((r["actor"], r["minute"]), _agent_row(r["actor"], r["minute"]))
             if event in AGENT_COUNTS:
                 row[event] += n

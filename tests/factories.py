@@ -161,8 +161,13 @@ async def todo_row(db, todo_id: str) -> Todo:
 
 
 async def snapshot(db) -> dict[str, list[dict[str, Any]]]:
-    """Every row a refused call must leave untouched: all of TABLES, whole rows."""
-    return {table: [dict(r) for r in await db.fetch(f"SELECT * FROM {table} ORDER BY 1")] for table in TABLES}
+    """Every row a refused call must leave untouched: all of TABLES, whole rows (but
+    stale_acks, where an ack refused by fencing is recorded for the agents page)."""
+    return {
+        table: [dict(r) for r in await db.fetch(f"SELECT * FROM {table} ORDER BY 1")]
+        for table in TABLES
+        if table != "stale_acks"
+    }
 
 
 async def empty_tables(db) -> None:

@@ -227,3 +227,19 @@ async def test_the_leases_page_filters_by_owner_and_keeps_the_filter_after_a_rel
     assert 'hx-get="/partials/leases?owner=ann"' in body
     nobody = text(await get_page(client_without_reaper, "/leases?owner=zed"))
     assert "zed holds no lease right now." in nobody
+
+
+async def test_a_person_working_the_inbox_is_not_listed_as_an_agent(conn, store):
+    await Accounts(conn).add_operator("alice", "operator", "a-long-password-1")
+    todo = await enqueue(store, "approvals", assignee="alice")
+    held = await store.claim(todo.id, "alice", 3600, actor_kind="operator")
+    await store.complete(held.id, "alice", held.lease_token, {"approved": True}, actor_kind="operator")
+    other = await store.claim(
+        (await enqueue(store, "approvals", assignee="alice")).id, "alice", 3600, actor_kind="operator"
+    )
+    await age_history(conn, 3)
+    await Rollups(conn).roll()
+
+    assert other.owner == "alice"
+    assert "alice" not in {a.agent for a in await Reads(conn).agents()}
+    assert await conn.fetchval("SELECT count(*) FROM agent_rollups WHERE agent = 'alice'") == 0

@@ -139,10 +139,12 @@ WITH RECURSIVE rolled_agents AS (  -- each agent with rollups, one probe of the 
     FROM (SELECT owner, claimed_at, heartbeat_at, lease_expires_at, lease_expires_at - now() AS time_left,
                  lease_expires_at - coalesce(heartbeat_at, claimed_at) AS ttl
           FROM todos WHERE lease_expires_at IS NOT NULL) AS l  -- claimed: todos_leases
+    WHERE NOT EXISTS (SELECT FROM operators o WHERE o.name = l.owner)  -- a person's, from the Inbox
     GROUP BY owner
 ), stale AS (
     SELECT agent, count(*) FILTER (WHERE at >= now() - make_interval(secs => :hour_seconds)) AS stale_acks
-    FROM stale_acks WHERE at >= now() - make_interval(secs => :recent_seconds)
+    FROM stale_acks s WHERE at >= now() - make_interval(secs => :recent_seconds)
+      AND NOT EXISTS (SELECT FROM operators o WHERE o.name = s.agent)
     GROUP BY agent
 ), tokens AS (  -- each agent's newest active token, else its newest revoked one
     SELECT DISTINCT ON (agent) agent, id AS token_id, queues AS token_queues,

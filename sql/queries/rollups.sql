@@ -43,16 +43,16 @@ DELETE FROM rollup_marks WHERE at < :rolled_until;
 
 -- name: steps
 -- One pass over the history rows with ids in (:after_id, :upto_id]: how many per minute,
--- queue, actor, step, whether it dead-lettered (to_failed) and the :bounds bucket of its
+-- queue, actor (kind and name), step, whether it dead-lettered (to_failed) and the :bounds bucket of its
 -- elapsed time, with their elapsed time summed and the latest. dashboard/rollups.py folds
 -- these few hundred rows into queue and agent rows. Rows written before migration 0009
 -- have no queue and are left out.
-SELECT date_trunc('minute', at) AS minute, queue, actor, event, to_state = 'failed' AS to_failed,
+SELECT date_trunc('minute', at) AS minute, queue, actor_kind, actor, event, to_state = 'failed' AS to_failed,
        width_bucket(elapsed, :bounds::float8[]) AS bucket,
        count(*)::int AS n, coalesce(sum(elapsed), 0)::float8 AS elapsed_sum, max(at) AS last_at
 FROM todo_history
 WHERE id > :after_id AND id <= :upto_id AND queue IS NOT NULL
-GROUP BY 1, 2, 3, 4, 5, 6;
+GROUP BY 1, 2, 3, 4, 5, 6, 7;
 
 -- name: add_steps
 -- A queue's steps in part of a minute (:grain 'minute') or an hour ('hour'), added to
