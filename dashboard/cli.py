@@ -1,4 +1,4 @@
-"""The `switchboard` command: up, serve, migrate, reap, enqueue, worker, operator, token, queue, todo."""
+"""The `switchboard` command: up, serve, migrate, reap, enqueue, worker, mcp, operator, token, queue, todo."""
 
 from __future__ import annotations
 
@@ -130,6 +130,21 @@ def parser() -> argparse.ArgumentParser:
         "--batch", type=batch_size, default=1, help="claim up to N todos at once and run them side by side"
     )
     worker.set_defaults(run=cmd_worker)
+
+    mcp = sub.add_parser(
+        "mcp", help="the MCP tools over stdio for a local MCP client, relayed to a server's /mcp"
+    )
+    mcp.add_argument(
+        "--url",
+        default=os.environ.get("SWITCHBOARD_URL", "http://127.0.0.1:8000"),
+        help="the server (default $SWITCHBOARD_URL, else http://127.0.0.1:8000)",
+    )
+    mcp.add_argument(
+        "--token",
+        default=os.environ.get("SWITCHBOARD_TOKEN"),
+        help="an agent token (default $SWITCHBOARD_TOKEN)",
+    )
+    mcp.set_defaults(run=cmd_mcp)
 
     op = sub.add_parser("operator", help="dashboard accounts").add_subparsers(dest="action", required=True)
     add = op.add_parser("add", help="create an operator; prints the password once")
@@ -353,6 +368,13 @@ def cmd_worker(args) -> int:
     from dashboard.agent_worker import run_command_worker
 
     return asyncio.run(run_command_worker(args))
+
+
+def cmd_mcp(args) -> int:
+    from dashboard.mcp_proxy import serve_stdio
+
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # stderr is the MCP client's log
+    return asyncio.run(serve_stdio(args.url, args.token))
 
 
 @with_database

@@ -1,19 +1,19 @@
 """The hint hub: one LISTEN connection per process, fanned out to every subscriber.
 
 Subscribers are browser pages (SSE), agents' notify channels (SSE), waiting long-poll
-claims and the Python Worker (which runs a hub of its own). A hint only says "something
-happened in queue q"; the queue stays the ledger. Each subscriber keeps the set of
-queues hinted since it last looked, so a burst of hints costs it one wake-up, never an
-unbounded backlog. When the LISTEN connection is
-lost it is re-opened with backoff and every subscriber is told to resync, because hints
-sent meanwhile are gone.
+claims, waits for a todo's result (`watch`) and the Python Worker (which runs a hub of its
+own). A hint only says "something happened in queue q", or to a watch "todo t finished";
+the database stays the ledger. Each subscriber keeps the set of queues hinted since it
+last looked, so a burst of hints costs it one wake-up, never an unbounded backlog. When
+the LISTEN connection is lost it is re-opened with backoff and every subscriber is told
+to resync, because hints sent meanwhile are gone.
 
 The hub also sends this process's hints (`send`, called by the Store after a commit that
-made work claimable or dead): coalesced per queue, on the same connection, one statement
-at a time and at most one per HINT_SPACING, with synchronous_commit off. A transaction
-that NOTIFYs takes a database-wide lock at commit until its WAL is flushed; sent from
-here, only the hub's own short commits take it, never a producer's or an agent's
-(DESIGN.md, "Notifications").
+made work claimable or dead, or finished a watched todo): coalesced per queue and per
+todo, on the same connection, one statement at a time and at most one per HINT_SPACING,
+with synchronous_commit off. A transaction that NOTIFYs takes a database-wide lock at
+commit until its WAL is flushed; sent from here, only the hub's own short commits take
+it, never a producer's or an agent's (DESIGN.md, "Notifications").
 
 The same channel carries revocations ({"revoked": token id}, sql/queries/accounts.sql):
 a subscription made for a token is woken and marked `revoked`, so the token's waiting
@@ -48,6 +48,7 @@ class Subscription:
         self.hub = hub
         self.queues = frozenset(queues) if queues is not None else None
         self.token = token  # the API token it serves, if any
+        self.todo: str | None = None  # a watch's todo (Hub.watch)
         self.revoked = False
         self.hinted: set[str] = set()
         self.resync = False
@@ -94,6 +95,8 @@ class Subscription:
 
     def close(self) -> None:
         self.hub._subscribers.discard(self)
+        if self.todo is not None:
+            self.hub._unwatch(self)
 
     def __enter__(self) -> Subscription:
         return self
@@ -110,15 +113,18 @@ class Hub:
         self.connected = asyncio.Event()
         self._ending = False
         self._due: set[str] = set()  # queues to hint, sent by _serve
+        self._due_todos: set[str] = set()  # finished watched todos to hint, likewise
+        self._watches: dict[str, set[Subscription]] = {}  # todo id: its waiters' subscriptions
         self._work = asyncio.Event()  # something to send, or the connection was lost
         self._token_listeners: list[Callable[[str | None], None]] = []
 
-    def send(self, queues: Iterable[str]) -> None:
-        """Hint `queues`, after the caller's commit. Never waits: hints given while one is
-        being sent go out together in the next statement. A hint that cannot be sent (no
-        connection) only delays work: every waiter also polls."""
+    def send(self, queues: Iterable[str], todos: Iterable[str] = ()) -> None:
+        """Hint `queues`, and the finished watched `todos`, after the caller's commit. Never
+        waits: hints given while one is being sent go out together in the next statement. A
+        hint that cannot be sent (no connection) only delays work: every waiter also polls."""
         self._due.update(queues)
-        if self._due:
+        self._due_todos.update(todos)
+        if self._due or self._due_todos:
             self._work.set()
 
     def on_tokens(self, listener: Callable[[str | None], None]) -> None:
@@ -138,6 +144,21 @@ class Hub:
             sub._end()
         self._subscribers.add(sub)
         return sub
+
+    def watch(self, todo_id: str, token: str | None = None) -> Subscription:
+        """Woken when todo `todo_id` finishes (hinted only while it is marked watched:
+        Store.watch), and like any subscription on a resync, on the revocation of `token`
+        and when the process stops; no queue's hints. Close it (or use `with`) when done."""
+        sub = self.subscribe((), token)
+        sub.todo = todo_id
+        self._watches.setdefault(todo_id, set()).add(sub)
+        return sub
+
+    def _unwatch(self, sub: Subscription) -> None:
+        waiters = self._watches.get(sub.todo, set())
+        waiters.discard(sub)
+        if not waiters:
+            self._watches.pop(sub.todo, None)
 
     @property
     def stopping(self) -> bool:
@@ -169,6 +190,10 @@ class Hub:
                 for sub in self._subscribers:
                     if sub.token == hint["revoked"]:
                         sub._revoke()
+                return
+            if "todo" in hint:
+                for sub in self._watches.get(hint["todo"], ()):
+                    sub._hint(hint["todo"])
                 return
             queue = hint["queue"]
         except (ValueError, KeyError, TypeError):
@@ -223,12 +248,15 @@ class Hub:
                 await conn.execute("SELECT 1", timeout=HEALTH_CHECK_EVERY)
                 continue
             self._work.clear()
-            if lost.is_set() or not self._due:
+            if lost.is_set() or not (self._due or self._due_todos):
                 continue
             queues, self._due = sorted(self._due), set()
+            todos, self._due_todos = sorted(self._due_todos), set()
+            args = HINTS.send.args({"queues": queues, "todos": todos})
             try:
-                await conn.execute(HINTS.send.sql, queues, timeout=HEALTH_CHECK_EVERY)
+                await conn.execute(HINTS.send.sql, *args, timeout=HEALTH_CHECK_EVERY)
             except BaseException:
                 self._due.update(queues)  # sent once the connection is back
+                self._due_todos.update(todos)
                 raise
             await asyncio.sleep(HINT_SPACING)

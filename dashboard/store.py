@@ -9,7 +9,8 @@ once, whoever the caller is; agent calls pass their token's `Scope`.
 A transition that makes work claimable or dead (create, release, fail, reap, a due
 retry, retry, force-release) is hinted after its commit, never inside it (DESIGN.md,
 "Notifications"): through `hints` (the process's Hub, which coalesces them), or without
-one by a statement of its own. Claims and completions, the hot path, send none.
+one by a statement of its own. Claims and completions, the hot path, send none, except
+for a todo someone waits on (`watch`): finished, it is hinted by id (`_todos`).
 """
 
 from __future__ import annotations
@@ -69,12 +70,13 @@ from dashboard.queries import TRANSITIONS as SQL
 
 log = logging.getLogger("switchboard.store")
 MAX_BATCH = 1000
+FINISHED = frozenset({"done", "failed"})  # what a waiter waits for (dashboard/web/waits.py)
 
 
 class HintSink(Protocol):
     """Where hints go after a commit (dashboard.notify.Hub): `send` must not wait."""
 
-    def send(self, queues: Iterable[str]) -> None: ...
+    def send(self, queues: Iterable[str], todos: Iterable[str] = ()) -> None: ...
 
 
 def new_ids(prefix: str, n: int) -> list[str]:
@@ -272,27 +274,45 @@ class Store:
         metrics.claimed(todos)
         return todos
 
-    async def claim(self, todo_id: str, owner: str, ttl: float, *, scope: Scope | None = None) -> Todo:
+    async def claim(
+        self, todo_id: str, owner: str, ttl: float, *, scope: Scope | None = None, actor_kind: str = "agent"
+    ) -> Todo:
         """Claim one todo by id (due, and not assigned to someone else)."""
         record = await SQL.claim.fetchrow(
-            self.db, id=check_id(todo_id), owner=_owner(owner), ttl=check_ttl(ttl), scope=_queues(scope)
+            self.db,
+            id=check_id(todo_id),
+            owner=_owner(owner),
+            ttl=check_ttl(ttl),
+            scope=_queues(scope),
+            actor_kind=_holder(actor_kind),
         )
         todo = await self._one(record, todo_id, "claim", owner, None, scope)
         metrics.claimed([todo])
         return todo
 
     async def heartbeat(
-        self, todo_id: str, owner: str, lease: int, ttl: float, *, scope: Scope | None = None
+        self,
+        todo_id: str,
+        owner: str,
+        lease: int,
+        ttl: float,
+        *,
+        scope: Scope | None = None,
+        actor_kind: str = "agent",
     ) -> Todo:
         """Extend the lease to ttl seconds from now."""
         record = await SQL.heartbeat.fetchrow(
-            self.db, **_held(todo_id, owner, lease, scope), ttl=check_ttl(ttl)
+            self.db, **_held(todo_id, owner, lease, scope), ttl=check_ttl(ttl), actor_kind=_holder(actor_kind)
         )
         return await self._one(record, todo_id, "heartbeat", owner, lease, scope)
 
-    async def release(self, todo_id: str, owner: str, lease: int, *, scope: Scope | None = None) -> Todo:
+    async def release(
+        self, todo_id: str, owner: str, lease: int, *, scope: Scope | None = None, actor_kind: str = "agent"
+    ) -> Todo:
         """Give the todo back to the queue; the attempt stays counted."""
-        record = await SQL.release.fetchrow(self.db, **_held(todo_id, owner, lease, scope))
+        record = await SQL.release.fetchrow(
+            self.db, **_held(todo_id, owner, lease, scope), actor_kind=_holder(actor_kind)
+        )
         todo = await self._one(record, todo_id, "release", owner, lease, scope)
         metrics.released(todo)
         await self._hint([todo.queue])
@@ -306,9 +326,13 @@ class Store:
         result: dict | None = None,
         *,
         scope: Scope | None = None,
+        actor_kind: str = "agent",
     ) -> Todo:
         record = await SQL.complete.fetchrow(
-            self.db, **_held(todo_id, owner, lease, scope), result=_result(result)
+            self.db,
+            **_held(todo_id, owner, lease, scope),
+            result=_result(result),
+            actor_kind=_holder(actor_kind),
         )
         todo = await self._one(record, todo_id, "complete", owner, lease, scope)
         metrics.completed([todo])
@@ -338,7 +362,7 @@ class Store:
         )
         if len(records) < len(ids):
             raise await self._batch_miss(ids, leases, owner, scope)
-        by_id = {r["id"]: Todo.from_record(r) for r in records}
+        by_id = {todo.id: todo for todo in await self._todos(records)}
         metrics.completed(by_id.values())
         return [by_id[todo_id] for todo_id in ids]
 
@@ -367,7 +391,7 @@ class Store:
                 scope=_queues(scope),
                 all_or_none=False,
             )
-            done = [Todo.from_record(r) for r in records]
+            done = await self._todos(records)
             metrics.completed(done)
             answers.update((todo.id, todo) for todo in done)
         for ack in checked:
@@ -402,7 +426,7 @@ class Store:
                 self.db, **held, result=result, queues=queues, ttl=ttl, rank=rank, after=after
             ),
         )
-        done = [Todo.from_record(r) for r in records if r["part"] == "completed"]
+        done = await self._todos(r for r in records if r["part"] == "completed")
         if not done:
             raise await self._miss(todo_id, "complete", owner, lease, scope)
         claimed = [Todo.from_record(r) for r in records if r["part"] == "claimed"]
@@ -411,10 +435,22 @@ class Store:
         return done[0], (claimed[0] if claimed else None)
 
     async def fail(
-        self, todo_id: str, owner: str, lease: int, error: str, *, scope: Scope | None = None
+        self,
+        todo_id: str,
+        owner: str,
+        lease: int,
+        error: str,
+        *,
+        scope: Scope | None = None,
+        actor_kind: str = "agent",
     ) -> Todo:
         """Below max_attempts: pending with a retry time; at the cap: dead-lettered."""
-        record = await SQL.fail.fetchrow(self.db, **_held(todo_id, owner, lease, scope), error=_error(error))
+        record = await SQL.fail.fetchrow(
+            self.db,
+            **_held(todo_id, owner, lease, scope),
+            error=_error(error),
+            actor_kind=_holder(actor_kind),
+        )
         todo = await self._one(record, todo_id, "fail", owner, lease, scope)
         metrics.failed(todo)
         await self._hint([todo.queue])
@@ -424,7 +460,7 @@ class Store:
 
     async def reap(self, limit: int = 500) -> list[Todo]:
         """Re-surface (or dead-letter) up to `limit` todos whose lease lapsed."""
-        todos = [Todo.from_record(r) for r in await SQL.reap.fetch(self.db, limit=limit)]
+        todos = await self._todos(await SQL.reap.fetch(self.db, limit=limit))
         metrics.reaped(todos)
         await self._hint(t.queue for t in todos)
         return todos
@@ -647,7 +683,7 @@ class Store:
             raise InvalidInput("ids", "select at least one todo")
         changed: list[Todo] = []
         for at in range(0, len(ids), BULK_BATCH):
-            changed += [Todo.from_record(r) for r in await run(ids[at : at + BULK_BATCH])]
+            changed += await self._todos(await run(ids[at : at + BULK_BATCH]))
         left = sorted(set(ids) - {t.id for t in changed})
         skipped = {}
         if left:
@@ -655,6 +691,14 @@ class Store:
             if missing := len(left) - sum(skipped.values()):
                 skipped["gone"] = missing
         return BulkReport(done=done, changed=changed, skipped=skipped)
+
+    # -- waiters ---------------------------------------------------------------------
+
+    async def watch(self, todo_id: str, *, scope: Scope | None = None) -> None:
+        """Mark a pending or claimed todo watched: whichever transition finishes it then
+        hints it by id. Subscribe first (Hub.watch) and read the todo after this: either
+        the finishing statement sees the mark, or the read sees the todo finished."""
+        await SQL.watch.execute(self.db, id=check_id(todo_id), scope=_queues(scope))
 
     # -- internals -------------------------------------------------------------------
 
@@ -671,24 +715,36 @@ class Store:
         self.cursors.ended(key, start, claimed, time.monotonic() - began)
         return records
 
-    async def _hint(self, queues: Iterable[str]) -> None:
-        """Hint `queues` after the commit. Without a hub, by one statement, whose failure
-        is logged, not raised: the change is committed, and a lost hint only delays work."""
-        due = set(queues)
-        if not due:
+    async def _hint(self, queues: Iterable[str], todos: Iterable[str] = ()) -> None:
+        """Hint `queues` (and finished watched `todos`) after the commit. Without a hub, by
+        one statement, whose failure is logged, not raised: the change is committed, and a
+        lost hint only delays work (claimers and waiters poll)."""
+        due, finished = set(queues), set(todos)
+        if not due and not finished:
             return
         if self.hints is not None:
-            self.hints.send(due)
+            self.hints.send(due, finished)
             return
         try:
-            await HINTS.send.execute(self.db, queues=sorted(due))
+            await HINTS.send.execute(self.db, queues=sorted(due), todos=sorted(finished))
         except DatabaseUnavailable as exc:
-            log.warning("hint for %s not sent (%s): claimers will find the work by polling", due, exc)
+            log.warning("hint for %s not sent (%s): claimers and waiters poll", sorted(due | finished), exc)
+
+    async def _todos(self, records: Iterable) -> list[Todo]:
+        """The todos of a transition's rows; the one place where finishing is hinted, so
+        every transition that turns its rows into todos here wakes waiters: a watched todo
+        (`watch`) the statement left done or failed is hinted by id, after the commit. An
+        unwatched one, the hot path, costs a look at a column of the row in hand."""
+        records = list(records)
+        finished = [r["id"] for r in records if r.get("watched") and r["state"] in FINISHED]
+        if finished:
+            await self._hint((), finished)
+        return [Todo.from_record(r) for r in records]
 
     async def _one(self, record, todo_id: str, action: str, owner: str, lease: int | None, scope) -> Todo:
         if record is None:
             raise await self._miss(todo_id, action, owner, lease, scope)
-        return Todo.from_record(record)
+        return (await self._todos([record]))[0]
 
     async def _miss(
         self, todo_id: str, action: str, actor: str, lease: int | None = None, scope: Scope | None = None
@@ -951,6 +1007,14 @@ def _recorded(actor: Actor) -> dict[str, str]:
 
 def _owner(owner: Any) -> str:
     return check_text(owner, "owner", required=True)
+
+
+def _holder(kind: Any) -> str:
+    """Who may hold a lease, as its history rows record them: an agent, or an operator
+    working their inbox (DESIGN.md "Inbox"), under the same name as `owner`."""
+    if kind not in ("agent", "operator"):
+        raise InvalidInput("actor_kind", "a lease is held by an agent or an operator")
+    return kind
 
 
 def _claimable_from(queues: Sequence[str], scope: Scope | None) -> list[str]:

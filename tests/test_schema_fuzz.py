@@ -130,6 +130,8 @@ def fuzz_run(live_server, fuzz_setup) -> FuzzRun:
         def send(case):
             if mode is GenerationMode.POSITIVE:
                 aim_at_token_queues(case.body)
+                if case.query and isinstance(case.query.get("wait"), int | float):  # GET /todos/{id}
+                    case.query["wait"] = min(case.query["wait"], 0.5)
             response = case.call(base_url=base, headers=headers, timeout=15)
             result.requests += 1
             result.statuses[(operation.label, response.status_code)] += 1

@@ -16,7 +16,8 @@ from litestar.response import ServerSentEvent
 from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED, HTTP_204_NO_CONTENT
 
 from dashboard.errors import InvalidInput
-from dashboard.models import Ack, Actor, NewTodo, QueuePause, TodoEdit, check_queues
+from dashboard.models import MAX_WAIT, Ack, Actor, NewTodo, QueuePause, TodoEdit, check_queues
+from dashboard.payload_search import check_payload
 from dashboard.reads import LIST_STATES, MAX_PAGE, TodoFilter
 from dashboard.web.auth import Caller, require_agent
 from dashboard.web.errors import problem_of
@@ -48,6 +49,7 @@ from dashboard.web.schemas import (
     TodoOut,
     TodoPage,
 )
+from dashboard.web.waits import wait_for_todo
 
 
 @post(
@@ -207,25 +209,81 @@ async def fail(
     return FailOut.of(todo)
 
 
-@get("/todos/{todo_id:str}", summary="One todo with its history", responses=ON_TODO)
-async def get_todo(todo_id: FromPath[str], caller: NamedDependency[Caller]) -> TodoDetailOut:
-    detail = await caller.services.reads.todo_detail(todo_id, scope=caller.scope)
+@get(
+    "/todos/{todo_id:str}",
+    summary="One todo with its history (with `wait`: once it is finished)",
+    description=f"With `wait` (seconds, up to {MAX_WAIT:.0f}) the request blocks until the todo is "
+    "finished — `done` with its `result`, or `failed` (dead-lettered or cancelled) with its "
+    "`last_error` — and answers it at once then, or after `wait` seconds as it is by then (look at "
+    "`state`). A failed attempt that will be retried is pending again: the wait goes on.",
+    responses=ON_TODO,
+)
+async def get_todo(
+    todo_id: FromPath[str],
+    caller: NamedDependency[Caller],
+    wait: Annotated[
+        str,
+        QueryParameter(
+            description="seconds to wait for the todo to finish (long-poll)",
+            schema_extra={"type": "number", "minimum": 0, "maximum": MAX_WAIT, "default": 0},
+        ),
+    ] = "0",
+) -> TodoDetailOut:
+    detail = await wait_for_todo(caller.services, todo_id, _seconds(wait), caller.scope)
     return TodoDetailOut(todo=TodoOut.of(detail.todo), history=detail.history, event=detail.event)
 
 
-@get("/todos", summary="List todos, newest first (keyset-paginated with `after`)", responses=BAD_INPUT)
+def _seconds(text: str) -> float | str:
+    """The query's `wait` as a number when it reads as one, else as given: taken as text, so
+    that anything malformed is refused by the same check as a number out of bounds (422)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+@get(
+    "/todos",
+    summary="List todos, newest first (keyset-paginated with `after`)",
+    description="Every filter given must match. `payload` is a JSON object the todo's payload "
+    'contains (`{"customer": {"id": 42}}`); `search` is an id, an idempotency key or words of the '
+    "title, or `key.path=value` terms that the payload must all match (`customer.id=42 "
+    "order.status=paid`; a bare number also matches it as a string). A malformed one is a 422 "
+    "naming it.",
+    responses=BAD_INPUT,
+)
 async def list_todos(
     caller: NamedDependency[Caller],
     queue: FromQuery[str | None] = None,
     state_filter: Annotated[
         str | None, QueryParameter(name="state", description=f"one of {', '.join(LIST_STATES)}")
     ] = None,
+    assignee: FromQuery[str | None] = None,
+    owner: FromQuery[str | None] = None,
+    kind: FromQuery[str | None] = None,
+    search: FromQuery[str | None] = None,
+    payload: Annotated[
+        str | None,
+        Parameter(
+            description="a JSON object the payload contains",
+            examples=[Example(value='{"customer": {"id": 42}}')],
+        ),
+    ] = None,
     limit: Annotated[int, Parameter(ge=1, le=MAX_PAGE)] = 50,
     after: Annotated[str | None, Parameter(description="the `next` of the previous page")] = None,
 ) -> TodoPage:
     if queue:
         caller.scope.check([queue])
-    filters = TodoFilter(queue=queue, queues=None if queue else caller.scope.queues, state=state_filter)
+    filters = TodoFilter(
+        queue=queue,
+        queues=None if queue else caller.scope.queues,
+        state=state_filter,
+        assignee=assignee,
+        owner=owner,
+        kind=kind,
+        search=search,
+        payload=None if payload is None else check_payload(payload),
+    )
     result = await caller.services.reads.list_todos(filters, limit=limit, after=after)
     return TodoPage(items=[TodoOut.of(t) for t in result.items], next=result.next_cursor)
 

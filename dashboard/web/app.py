@@ -32,11 +32,12 @@ from dashboard.accounts import Accounts
 from dashboard.db import Database, create_pool
 from dashboard.errors import SwitchboardError
 from dashboard.horizon import HorizonWatch
+from dashboard.mcp_server import McpEndpoint
 from dashboard.notify import Hub
 from dashboard.reads import Reads
 from dashboard.reaper import run_reaper
 from dashboard.store import Store
-from dashboard.web import actions, api, control, health, login, pages, prometheus, templating
+from dashboard.web import actions, api, control, health, inbox, login, pages, prometheus, templating
 from dashboard.web.access_log import access_log
 from dashboard.web.auth import require_login
 from dashboard.web.csrf import CSRFMiddleware
@@ -134,6 +135,7 @@ DEPENDENCIES = {name: _provide(name) for name in ("store", "reads", "accounts", 
 
 def create_app(dsn: str, config: WebConfig, *, reaper: bool = True, pool_size: int = 10) -> Litestar:
     disable_created_metrics()  # no `…_created` twin of every counter and histogram on /metrics
+    mcp = McpEndpoint()  # /mcp: the agents' tools over MCP, with the API's bearer tokens
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -174,12 +176,13 @@ def create_app(dsn: str, config: WebConfig, *, reaper: bool = True, pool_size: i
             *login.ROUTES,
             Router(
                 "/",
-                route_handlers=[*pages.ROUTES, *actions.ROUTES, *control.ROUTES, events],
+                route_handlers=[*pages.ROUTES, *actions.ROUTES, *control.ROUTES, *inbox.ROUTES, events],
                 before_request=require_login,
                 include_in_schema=False,
                 request_max_body_size=FORM_BODY,
             ),
             api.router,
+            mcp.route,
             create_static_files_router(
                 path="/static", directories=[PACKAGE / "static"], include_in_schema=False, guards=[no_nul]
             ),
@@ -209,5 +212,5 @@ def create_app(dsn: str, config: WebConfig, *, reaper: bool = True, pool_size: i
         exception_handlers=EXCEPTION_HANDLERS,  # they log what they handle (web/errors.py)
         logging_config=None,  # the process's own (dashboard/logs.py for `serve`), not Litestar's queue
         request_max_body_size=MAX_BODY,
-        lifespan=[lifespan],
+        lifespan=[lifespan, mcp.lifespan],
     )

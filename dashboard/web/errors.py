@@ -86,7 +86,7 @@ def detail_of(exc: Exception, status: int) -> tuple[str, dict]:
 
 def wants_json(request: Request) -> bool:
     accept = request.headers.get("accept", "")
-    return request.url.path.startswith("/api/") or ("json" in accept and "html" not in accept)
+    return request.url.path.startswith(("/api/", "/mcp")) or ("json" in accept and "html" not in accept)
 
 
 def problem_body(status: int, detail: str, **extra) -> dict:

@@ -7,39 +7,71 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from litestar import Request, get
+from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency
-from litestar.exceptions import PermissionDeniedException
+from litestar.exceptions import HTTPException, PermissionDeniedException
+from litestar.handlers import BaseRouteHandler
 from litestar.params import FromPath
 from litestar.response import Template
 
 from dashboard.accounts import Accounts
+from dashboard.charts import RANGES, chart_set
 from dashboard.errors import InvalidInput
 from dashboard.horizon import HorizonWatch
-from dashboard.models import DEFAULT_MAX_ATTEMPTS
+from dashboard.inbox import waiting_count
+from dashboard.models import DEFAULT_MAX_ATTEMPTS, Problems, check_queue, check_text
 from dashboard.reads import LIST_STATES, Reads, TodoFilter
+from dashboard.web.auth import current_operator
 from dashboard.web.responses import page, render
 from dashboard.web.stats_cache import StatsCache
+from dashboard.web.templating import figure
 
 PAGE_SIZE = 50
 LEASES_SHOWN = 100  # soonest expiry first; the rest are counted
 TOTALS = ("ready", "scheduled", "retrying", "claimed", "lapsed", "done_recent", "dead")
 
 
+# -- query parameters -----------------------------------------------------------------
+
+
+async def known_query(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+    """Guard of every page: its query string names only the parameters it `takes`. A
+    mistyped one (?cursor= for ?after=) is a 400 that lists them, not silently ignored."""
+    if await current_operator(connection) is None:
+        return  # guards run before require_login, which sends the browser to log in
+    accepted = handler.opt["query"]
+    unknown = sorted(set(connection.query_params) - accepted)
+    if unknown:
+        known = f"it takes {', '.join(sorted(accepted))}" if accepted else "it takes none"
+        raise HTTPException(
+            status_code=400,
+            detail=f"This page does not know the parameter {', '.join(map(repr, unknown))} ({known}).",
+        )
+
+
+def takes(*names: str) -> dict:
+    """A page's route options: the query parameters it accepts (checked by known_query)."""
+    return {"guards": [known_query], "opt": {"query": frozenset(names)}}
+
+
 # -- context builders -----------------------------------------------------------------
 
 
-async def overview_context(stats: StatsCache, horizon: HorizonWatch) -> dict:
+async def overview_context(request: Request, stats: StatsCache, horizon: HorizonWatch, reads: Reads) -> dict:
     queues = await stats.get()
     return {
         "stats": queues,
         "totals": {k: sum(getattr(s, k) for s in queues) for k in TOTALS},
         "approximate": {k for k in TOTALS if any(k in s.approximate for s in queues)},
         "horizon": await horizon.get(),
+        "inbox_waiting": await waiting_count(reads.db, request.scope["operator"].name),
     }
 
 
 FILTER_FIELDS = ("state", "assignee", "owner", "kind", "q")  # the queue page's, by query name
 MATCHING_SHOWN = 1000  # "all N matching" counts up to this, then says "1,000+"
+QUEUE_QUERY = (*FILTER_FIELDS, "after")  # what the queue page and its partial take
+DEAD_QUERY = ("queue", "cancelled", "after")
 
 
 def queue_filter(queue: str, params) -> TodoFilter:
@@ -56,7 +88,8 @@ def queue_filter(queue: str, params) -> TodoFilter:
 
 async def queue_context(request: Request, reads: Reads, queue: str, params=None) -> dict:
     """The queue page: its pause, the filtered todos, and how many match (for "all N
-    matching this filter"). `params`: the filter, when not the request's query string."""
+    matching this filter"). `params`: the filter, when not the request's query string.
+    An empty list says whether the queue has no todo at all (`unknown_queue`)."""
     q = request.query_params if params is None else params
     filters = queue_filter(queue, q)
     after = request.query_params.get("after") if params is None else None
@@ -64,14 +97,52 @@ async def queue_context(request: Request, reads: Reads, queue: str, params=None)
     matching = len(result.items)
     if result.next_cursor or after:
         matching = len(await reads.matching_ids(filters, limit=MATCHING_SHOWN + 1))
+    estimate = await reads.estimate_matching(filters) if matching > MATCHING_SHOWN else None
     return {
         **await queue_control_context(reads, queue),
         "filters": filters,
         "page": result,
         "matching": matching,
         "matching_more": matching > MATCHING_SHOWN,
+        "total": matching_text(matching, estimate),
         "states": LIST_STATES,
-        "query": {k: v for k in FILTER_FIELDS if (v := q.get(k))},
+        "query": filter_query(q),
+        "unknown_queue": not result.items and await reads.unknown_queues([queue]) == [queue],
+    }
+
+
+def matching_text(matching: int, estimate: int | None) -> str:
+    """The list's total: '1,234 matching'; past MATCHING_SHOWN, the queue's count when
+    it has one for this filter ('about 1.2M matching'), else '1,000+ matching'."""
+    if matching <= MATCHING_SHOWN:
+        return f"{matching:,} matching"
+    if estimate is not None and estimate > MATCHING_SHOWN:
+        return f"{figure(estimate, True)} matching"
+    return f"{MATCHING_SHOWN:,}+ matching"
+
+
+def filter_query(params) -> dict:
+    """The queue page's filter as its query string names it (for links and forms)."""
+    return {k: v for k in FILTER_FIELDS if (v := params.get(k))}
+
+
+# A TodoFilter field (or the cursor) as the queue page's query names it: a refused value
+# is shown beside its input.
+FILTER_INPUTS = {"state": "state", "assignee": "assignee", "owner": "owner", "kind": "kind"}
+FILTER_INPUTS |= {"search": "q", "after": "after"}
+
+
+async def search_error_context(request: Request, reads: Reads, queue: str, error: InvalidInput) -> dict:
+    """The queue page for a filter it cannot apply (a malformed payload search, a NUL in
+    a filter, a cursor this server did not give out): the form as it was sent, the error
+    beside its input (`filter_error`: query name, message), and no list."""
+    q = request.query_params
+    return {
+        **await queue_control_context(reads, queue),
+        "filters": queue_filter(queue, q),
+        "filter_error": (FILTER_INPUTS[error.field], error.message),
+        "states": LIST_STATES,
+        "query": filter_query(q),
     }
 
 
@@ -85,10 +156,15 @@ async def queue_control_context(reads: Reads, queue: str) -> dict:
     }
 
 
-async def leases_context(reads: Reads) -> dict:
-    leases = await reads.leases(limit=LEASES_SHOWN)
-    total = await reads.lease_count() if len(leases) == LEASES_SHOWN else len(leases)
-    return {"leases": leases, "total": total}
+async def leases_context(reads: Reads, owner: str | None = None) -> dict:
+    """The leases page: every lease, or those `owner` holds (an agent's, from the agents page)."""
+    leases = await reads.leases(limit=LEASES_SHOWN, owner=owner)
+    total = await reads.lease_count(owner) if len(leases) == LEASES_SHOWN else len(leases)
+    return {"leases": leases, "total": total, "owner": owner}
+
+
+async def agents_context(reads: Reads) -> dict:
+    return {"agents": await reads.agents()}
 
 
 async def dead_context(
@@ -127,71 +203,121 @@ async def todo_context(reads: Reads, todo_id: str) -> dict:
 # -- pages and partials ------------------------------------------------------------------
 
 
-@get("/")
+async def charts_context(reads: Reads, queue: str | None, request: Request) -> dict:
+    """The history charts (dashboard/charts.py) of one queue or all, in the range asked for."""
+    return {"charts": await chart_set(reads.db, queue, request.query_params.get("range")), "ranges": RANGES}
+
+
+@get("/", **takes("range"))
 async def overview(
-    request: Request, stats: NamedDependency[StatsCache], horizon: NamedDependency[HorizonWatch]
+    request: Request,
+    stats: NamedDependency[StatsCache],
+    horizon: NamedDependency[HorizonWatch],
+    reads: NamedDependency[Reads],
 ) -> Template:
-    return page(request, "overview.html", **await overview_context(stats, horizon))
+    return page(
+        request,
+        "overview.html",
+        **await overview_context(request, stats, horizon, reads),
+        **await charts_context(reads, None, request),
+    )
 
 
-@get("/partials/overview")
+@get("/partials/charts", **takes("range"))
+async def overview_charts(request: Request, reads: NamedDependency[Reads]) -> Template:
+    return render(request, "partials/charts.html", **await charts_context(reads, None, request))
+
+
+@get("/partials/queues/{queue:str}/charts", **takes("range"))
+async def queue_charts(request: Request, reads: NamedDependency[Reads], queue: FromPath[str]) -> Template:
+    return render(request, "partials/charts.html", **await charts_context(reads, check_queue(queue), request))
+
+
+@get("/partials/overview", **takes())
 async def overview_partial(
-    request: Request, stats: NamedDependency[StatsCache], horizon: NamedDependency[HorizonWatch]
+    request: Request,
+    stats: NamedDependency[StatsCache],
+    horizon: NamedDependency[HorizonWatch],
+    reads: NamedDependency[Reads],
 ) -> Template:
-    return render(request, "partials/overview.html", **await overview_context(stats, horizon))
+    return render(request, "partials/overview.html", **await overview_context(request, stats, horizon, reads))
 
 
-@get("/queues/{queue:str}")
+@get("/queues/{queue:str}", **takes(*QUEUE_QUERY, "range"))
 async def queue_page(request: Request, reads: NamedDependency[Reads], queue: FromPath[str]) -> Template:
-    return page(request, "queue.html", **await queue_context(request, reads, queue))
+    try:
+        return page(
+            request,
+            "queue.html",
+            **await queue_context(request, reads, queue),
+            **await charts_context(reads, queue, request),
+        )
+    except InvalidInput as exc:
+        if exc.field not in FILTER_INPUTS:
+            raise
+        return page(
+            request, "queue.html", status=422, **await search_error_context(request, reads, queue, exc)
+        )
 
 
-@get("/partials/queues/{queue:str}")
+@get("/partials/queues/{queue:str}", **takes(*QUEUE_QUERY))
 async def queue_partial(request: Request, reads: NamedDependency[Reads], queue: FromPath[str]) -> Template:
     return render(request, "partials/todos.html", **await queue_context(request, reads, queue))
 
 
-@get("/partials/queues/{queue:str}/control")
+@get("/partials/queues/{queue:str}/control", **takes())
 async def queue_control_partial(
     request: Request, reads: NamedDependency[Reads], queue: FromPath[str]
 ) -> Template:
     return render(request, "partials/queue_control.html", **await queue_control_context(reads, queue))
 
 
-@get("/leases")
+@get("/leases", **takes("owner"))
 async def leases_page(request: Request, reads: NamedDependency[Reads]) -> Template:
-    return page(request, "leases.html", **await leases_context(reads))
+    owner = request.query_params.get("owner") or None
+    return page(request, "leases.html", **await leases_context(reads, owner))
 
 
-@get("/partials/leases")
+@get("/partials/leases", **takes("owner"))
 async def leases_partial(request: Request, reads: NamedDependency[Reads]) -> Template:
-    return render(request, "partials/leases.html", **await leases_context(reads))
+    owner = request.query_params.get("owner") or None
+    return render(request, "partials/leases.html", **await leases_context(reads, owner))
 
 
-@get("/dead")
+@get("/agents", **takes())
+async def agents_page(request: Request, reads: NamedDependency[Reads]) -> Template:
+    return page(request, "agents.html", **await agents_context(reads))
+
+
+@get("/partials/agents", **takes())
+async def agents_partial(request: Request, reads: NamedDependency[Reads]) -> Template:
+    return render(request, "partials/agents.html", **await agents_context(reads))
+
+
+@get("/dead", **takes(*DEAD_QUERY))
 async def dead_page(request: Request, reads: NamedDependency[Reads]) -> Template:
     after = request.query_params.get("after")
     return page(request, "dead.html", **await dead_context(reads, *dead_filter(request.query_params), after))
 
 
-@get("/partials/dead")
+@get("/partials/dead", **takes(*DEAD_QUERY))
 async def dead_partial(request: Request, reads: NamedDependency[Reads]) -> Template:
     after = request.query_params.get("after")
     context = await dead_context(reads, *dead_filter(request.query_params), after)
     return render(request, "partials/dead.html", **context)
 
 
-@get("/todos/{todo_id:str}")
+@get("/todos/{todo_id:str}", **takes())
 async def todo_page(request: Request, reads: NamedDependency[Reads], todo_id: FromPath[str]) -> Template:
     return page(request, "todo.html", **await todo_context(reads, todo_id))
 
 
-@get("/partials/todos/{todo_id:str}")
+@get("/partials/todos/{todo_id:str}", **takes())
 async def todo_partial(request: Request, reads: NamedDependency[Reads], todo_id: FromPath[str]) -> Template:
     return render(request, "partials/todo.html", **await todo_context(reads, todo_id))
 
 
-@get("/create")
+@get("/create", **takes("queue"))
 async def create_page(request: Request) -> Template:
     values = {
         "payload": "{}",
@@ -203,17 +329,33 @@ async def create_page(request: Request) -> Template:
 
 
 async def tokens_view(
-    request: Request, accounts: Accounts, new_secret: str | None = None, error: str | None = None
+    request: Request,
+    accounts: Accounts,
+    *,
+    new_secret: str | None = None,
+    unknown: list[str] | None = None,
+    values: dict | None = None,
+    errors: dict | None = None,
+    status: int = 200,
 ) -> Template:
     """The tokens page (operators only: it names every agent and its queues), never kept
-    by a cache: right after `add` it shows the new secret."""
-    tokens = await accounts.list_tokens()
-    response = page(request, "tokens.html", tokens=tokens, new_secret=new_secret, error=error)
+    by a cache: right after `add` it shows the new secret, and the `unknown` queues it
+    names (no todo there yet). A refused form comes back with its `values` and `errors`."""
+    response = page(
+        request,
+        "tokens.html",
+        status=status,
+        tokens=await accounts.list_tokens(),
+        new_secret=new_secret,
+        unknown=unknown or [],
+        values=values or {},
+        errors=errors or {},
+    )
     response.headers["Cache-Control"] = "no-store"
     return response
 
 
-@get("/tokens")
+@get("/tokens", **takes())
 async def tokens_page(request: Request, accounts: NamedDependency[Accounts]) -> Template:
     # Not a guard: guards run before require_login, which answers first when there is no
     # operator account at all.
@@ -222,7 +364,15 @@ async def tokens_page(request: Request, accounts: NamedDependency[Accounts]) -> 
     return await tokens_view(request, accounts)
 
 
-@get("/patterns")
+def sample_errors() -> dict[str, str]:
+    """The patterns page's form errors, made by the real checks."""
+    problems = Problems()
+    problems.check(check_queue, "Bad Queue")
+    problems.check(check_text, "", "title", required=True)
+    return problems.fields
+
+
+@get("/patterns", **takes())
 async def patterns_page(request: Request) -> Template:
     """Every UI piece on one page, so styling stays consistent (linked from the README only)."""
     now = datetime.now(UTC)
@@ -232,18 +382,22 @@ async def patterns_page(request: Request) -> Template:
         read_at=now,
         retry_at=now + timedelta(seconds=42),
         values={"queue": "Bad Queue", "title": ""},
-        errors={"queue": "'Bad Queue' is not a queue name", "title": "is required"},
+        errors=sample_errors(),
     )
 
 
 ROUTES = [
     overview,
     overview_partial,
+    overview_charts,
+    queue_charts,
     queue_page,
     queue_partial,
     queue_control_partial,
     leases_page,
     leases_partial,
+    agents_page,
+    agents_partial,
     dead_page,
     dead_partial,
     todo_page,

@@ -3,5 +3,9 @@
 -- commit takes the NOTIFY lock.
 
 -- name: send
--- One hint per queue in :queues: '{"queue": …}'.
-SELECT pg_notify('switchboard', json_build_object('queue', q)::text) FROM unnest(:queues::text[]) AS q;
+-- One hint per queue in :queues, '{"queue": …}', and one per todo in :todos, '{"todo": …}'
+-- (it finished while a waiter watched it: dashboard/web/waits.py).
+SELECT pg_notify('switchboard', hint::text)
+FROM (SELECT json_build_object('queue', q) FROM unnest(:queues::text[]) AS q
+      UNION ALL
+      SELECT json_build_object('todo', t) FROM unnest(:todos::text[]) AS t) AS hints (hint);

@@ -5,7 +5,9 @@
 -- Leases are written with clock_timestamp(): a statement may wait on a row lock first.
 -- Parameters are named (:owner); dashboard/queries.py numbers them for asyncpg.
 -- History rows record who moved the todo as a kind and a bare name (DESIGN.md, "Actors"):
--- a statement on a held todo writes ('agent', :owner), the reaper's ('system', 'reaper');
+-- claim by id, heartbeat, release, complete and fail write (:actor_kind, :owner): 'agent',
+-- or 'operator' for a person working their inbox; the batch claims and completions are
+-- agents' only and write ('agent', :owner); the reaper's ('system', 'reaper');
 -- create, retry and force-release write the caller's (:actor_kind, :actor).
 
 -- name: create_todos
@@ -130,7 +132,7 @@ WITH completed AS (
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
                               event, queue, elapsed)
-    SELECT id, 'claimed', 'done', 'agent', :owner, attempt, 'completed',
+    SELECT id, 'claimed', 'done', :actor_kind, :owner, attempt, 'completed',
            'completed', queue, extract(epoch FROM completed_at - claimed_at) FROM completed
 )
 SELECT * FROM completed;
@@ -251,7 +253,7 @@ WITH claimed AS (
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
                               event, queue, elapsed)
-    SELECT id, 'pending', 'claimed', 'agent', :owner, attempt, 'claimed by id',
+    SELECT id, 'pending', 'claimed', :actor_kind, :owner, attempt, 'claimed by id',
            'claimed', queue, extract(epoch FROM claimed_at - ready_at) FROM claimed
 )
 SELECT * FROM claimed;
@@ -269,7 +271,7 @@ WITH beat AS (
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
                               event, queue, elapsed)
-    SELECT id, 'claimed', 'claimed', 'agent', :owner, attempt, 'heartbeat', 'heartbeat', queue, NULL FROM beat
+    SELECT id, 'claimed', 'claimed', :actor_kind, :owner, attempt, 'heartbeat', 'heartbeat', queue, NULL FROM beat
 )
 SELECT * FROM beat;
 
@@ -285,7 +287,7 @@ WITH released AS (
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
                               event, queue, elapsed)
-    SELECT id, 'claimed', 'pending', 'agent', :owner, attempt, 'released',
+    SELECT id, 'claimed', 'pending', :actor_kind, :owner, attempt, 'released',
            'released', queue, extract(epoch FROM updated_at - claimed_at) FROM released
 )
 SELECT * FROM released;
@@ -315,7 +317,7 @@ WITH held AS (
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
                               event, queue, elapsed)
-    SELECT id, 'claimed', state, 'agent', :owner, attempt, :error,
+    SELECT id, 'claimed', state, :actor_kind, :owner, attempt, :error,
            'failed', queue, extract(epoch FROM updated_at - claimed_at) FROM failed
 )
 SELECT * FROM failed;
@@ -352,6 +354,15 @@ WITH expired AS (
            'reaped', queue, extract(epoch FROM updated_at - claimed_at) FROM reaped
 )
 SELECT * FROM reaped;
+
+-- name: watch
+-- Someone waits for todo :id to finish (dashboard/web/waits.py): mark it watched while it
+-- is pending or claimed, so that the store hints it by id when a transition finishes it
+-- (0011_waits.sql). Not a move of the todo: no history row, updated_at unchanged. A todo
+-- already watched is not written again (fifty waiters, one mark). :scope as above.
+UPDATE todos SET watched = true
+WHERE id = :id AND state::text IN ('pending', 'claimed') AND NOT watched
+  AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]));
 
 -- name: promote_due_retries
 -- Up to :limit retrying todos whose time has come: clearing next_retry_at tells pages

@@ -1,0 +1,11 @@
+-- 0011: waiting for a result (issue 14; README "Waiting for a result"). A waiter (GET
+-- /api/v1/todos/{id}?wait=S, the MCP tool wait_for: dashboard/web/waits.py) marks its todo
+-- watched; when a transition finishes a watched todo (done, or failed for good), the store
+-- hints it by id after the commit. Completions, the hot path, stay unhinted otherwise: the
+-- finishing statements are unchanged (their RETURNING * carries the column along), no
+-- index covers it, and the store looks at it only in the rows it already has.
+--
+-- It is never cleared: a watched todo that is retried and finishes again sends one more
+-- hint, which wakes nobody unless someone waits on it again. A constant default: adding
+-- it rewrites nothing.
+ALTER TABLE todos ADD COLUMN watched boolean NOT NULL DEFAULT false;
