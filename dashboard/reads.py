@@ -176,7 +176,7 @@ def short_lease(seconds_left: float, ttl: float) -> bool:
 
 class AgentSummary(msgspec.Struct, kw_only=True):
     """An agent as the agents page shows it. done, failed and the last claim, heartbeat and
-    ack come from the rollups (to the last rolled minute); leases and stale_acks are live."""
+    ack come from the rollups (a few seconds behind); leases and stale_acks are live."""
 
     agent: str
     leases: int  # held now
