@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -45,12 +46,15 @@ def server_dsn(tmp_path_factory):
     if url:
         yield url
         return
-    base = Path(os.environ.get("SWITCHBOARD_TEST_DATA") or tempfile.mkdtemp(prefix="sb-test-"))
+    given = os.environ.get("SWITCHBOARD_TEST_DATA")
+    base = Path(given or tempfile.mkdtemp(prefix="sb-test-"))
     server = dbmod.start_embedded(base / "pgdata")
     try:
         yield server.get_uri()
     finally:
         dbmod.release_embedded(server)
+        if not given and not (base / "pgdata" / "postmaster.pid").exists():
+            shutil.rmtree(base, ignore_errors=True)  # its own temporary data dir (about 0.5 GB)
 
 
 @pytest.fixture(scope="session")
