@@ -23,7 +23,7 @@ DEFAULT_INTERVAL = 1.0
 DEFAULT_RETENTION_DAYS = 7.0
 PRUNE_EVERY = 60.0  # seconds between prune passes
 HORIZON_EVERY = 10.0  # seconds between looks at what holds back vacuum
-ROLLUP_EVERY = 5.0  # seconds between rollup passes (a minute is rolled soon after it ends)
+ROLLUP_EVERY = 5.0  # seconds between rollup passes (charts are this far behind)
 SAMPLE_EVERY = 10.0  # seconds between samples of the backlog (longer when it is large)
 
 

@@ -132,7 +132,7 @@ FILTER_INPUTS = {"state": "state", "assignee": "assignee", "owner": "owner", "ki
 FILTER_INPUTS |= {"search": "q", "after": "after"}
 
 
-async def search_error_context(request: Request, reads: Reads, queue: str, error: InvalidInput) -> dict:
+async def filter_error_context(request: Request, reads: Reads, queue: str, error: InvalidInput) -> dict:
     """The queue page for a filter it cannot apply (a malformed payload search, a NUL in
     a filter, a cursor this server did not give out): the form as it was sent, the error
     beside its input (`filter_error`: query name, message), and no list."""
@@ -256,7 +256,7 @@ async def queue_page(request: Request, reads: NamedDependency[Reads], queue: Fro
         if exc.field not in FILTER_INPUTS:
             raise
         return page(
-            request, "queue.html", status=422, **await search_error_context(request, reads, queue, exc)
+            request, "queue.html", status=422, **await filter_error_context(request, reads, queue, exc)
         )
 
 
