@@ -177,9 +177,9 @@ class WaitArgs(TodoArgs):
     wait: Seconds = MAX_WAIT
 
 
-class CreateArgs(NewTodo, forbid_unknown_fields=True):
+class CreateArgs(NewTodo):
     """A todo to create, as POST /api/v1/todos takes it; a misspelt field is refused, not
-    dropped (an `asignee` would leave the todo to anyone)."""
+    dropped (an `asignee` would leave the todo to anyone): NewTodo forbids unknown fields."""
 
 
 # -- outputs (beside the API's own bodies) ---------------------------------------------------

@@ -133,16 +133,17 @@ class Actor(msgspec.Struct, frozen=True):
 PRODUCER = Actor("producer", "producer")  # Store.create's default: code that enqueues directly
 
 
-class NewEvent(msgspec.Struct, kw_only=True):
+class NewEvent(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     source: str
     kind: str
     payload: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
-class NewTodo(msgspec.Struct, kw_only=True):
+class NewTodo(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A todo to create. `run_at` (a time with its zone: ISO 8601 text, or a datetime) or
     `delay` (seconds) schedules it: not claimable before then. `assignee_until`: after
-    that time any agent may claim it, not only its assignee."""
+    that time any agent may claim it, not only its assignee. An unknown field is refused:
+    a misspelt `idempotency_key` would otherwise make a second todo where one was meant."""
 
     queue: str
     title: str

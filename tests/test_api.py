@@ -213,6 +213,31 @@ async def test_a_batch_with_one_invalid_item_creates_nothing_and_names_the_item(
     assert await snapshot(module_pool) == before
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/todos", {"queue": "work", "title": "t", "idempotency_kye": "k"}, "idempotency_kye"),
+        ("/todos", {"queue": "work", "title": "t", "event": {"source": "s", "kind": "k", "x": 1}}, "x"),
+        (
+            "/todos/batch",
+            {"todos": [{"queue": "work", "title": "a"}, {"queue": "work", "title": "b", "asignee": "ann"}]},
+            "asignee",
+        ),
+    ],
+)
+async def test_a_misspelt_field_on_create_is_422_naming_it_and_its_item(
+    api_client, module_pool, bot, path, body, field
+):
+    """Sent twice with `idempotency_kye`, a create made two todos where one was meant."""
+    before = await snapshot(module_pool)
+    for _ in range(2):
+        detail = problem(await api_client.post(API + path, json=body, headers=bot), 422)["detail"]
+        assert f"unknown field `{field}`" in detail, detail
+    if path.endswith("batch"):
+        assert detail.startswith("todos[1]: "), detail
+    assert await snapshot(module_pool) == before
+
+
 # -- claims ------------------------------------------------------------------------------
 
 
@@ -666,7 +691,7 @@ async def test_the_token_not_the_body_decides_the_owner(api_client, module_pool,
     if response.status_code == 200:
         assert response.json()["owner"] == "bot"
     else:
-        problem(response, 400)
+        problem(response, 422)  # an unknown field: invalid input
         assert await snapshot(module_pool) == before
         response = await api_client.post(f"{API}/claims", headers=bot, json={"queues": ["work"], "ttl": 30})
     held = response.json()
@@ -674,7 +699,7 @@ async def test_the_token_not_the_body_decides_the_owner(api_client, module_pool,
     before = await snapshot(module_pool)
     sneaky = await act(api_client, bot, held, "complete", owner="mallory")
     if sneaky.status_code != 200:
-        problem(sneaky, 400)
+        problem(sneaky, 422)
         assert await snapshot(module_pool) == before
     assert await module_pool.fetchval("SELECT count(*) FROM todos WHERE owner = 'mallory'") == 0
     assert await module_pool.fetchval("SELECT count(*) FROM todo_history WHERE actor LIKE '%mallory%'") == 0

@@ -54,6 +54,8 @@ _TITLES = {
 
 
 def status_of(exc: Exception) -> int:
+    if isinstance(exc, LitestarValidation) and _unknown_field(exc):
+        return 422  # well-formed JSON naming a field we do not take: invalid input, as out of bounds
     if isinstance(exc, HTTPException):
         return exc.status_code
     for kind, status in _STATUS:
@@ -71,9 +73,10 @@ def detail_of(exc: Exception, status: int) -> tuple[str, dict]:
     if isinstance(exc, Conflict):
         return str(exc), {**{k: v for k, v in exc.current.items() if v is not None}, **problem_type(exc)}
     if isinstance(exc, LitestarValidation):
-        extra = exc.extra if isinstance(exc.extra, list) else []
-        fields = [e.get("key") for e in extra if isinstance(e, dict) and e.get("key")]
-        messages = [f"{e.get('key') or 'body'}: {e.get('message')}" for e in extra if isinstance(e, dict)]
+        extra = [e for e in (exc.extra if isinstance(exc.extra, list) else []) if isinstance(e, dict)]
+        keys = [None if e.get("key") == "data" else e.get("key") for e in extra]  # "data": the whole body
+        fields = [k for k in keys if k]
+        messages = [f"{k or 'body'}: {e.get('message')}" for k, e in zip(keys, extra, strict=True)]
         return ("; ".join(messages) or exc.detail), ({"field": fields[0]} if fields else {})
     if isinstance(exc, HTTPException):
         return exc.detail, {}
@@ -82,6 +85,11 @@ def detail_of(exc: Exception, status: int) -> tuple[str, dict]:
     if isinstance(exc, asyncpg.DataError):  # the input checks should have caught it first
         return f"a value in this request cannot be stored or searched for ({exc})", {}
     return str(exc), {}
+
+
+def _unknown_field(exc: LitestarValidation) -> bool:
+    extra = exc.extra if isinstance(exc.extra, list) else []
+    return any("unknown field" in str(e.get("message")) for e in extra if isinstance(e, dict))
 
 
 def wants_json(request: Request) -> bool:
