@@ -44,6 +44,7 @@ from dashboard.store import FINISHED
 from dashboard.web.auth import Caller, require_agent
 from dashboard.web.errors import problem_of
 from dashboard.web.live import claim_waiting
+from dashboard.web.presence import always_there
 from dashboard.web.schemas import (
     CreatedOut,
     FailOut,
@@ -228,7 +229,15 @@ async def claim(caller: Caller, a: ClaimArgs) -> ClaimOut:
         )
     known = caller.services
     todos = await claim_waiting(
-        known.store, known.hub, known.accounts, a.queues, caller.name, a.ttl, a.wait, caller.scope
+        known.store,
+        known.hub,
+        known.accounts,
+        a.queues,
+        caller.name,
+        a.ttl,
+        a.wait,
+        caller.scope,
+        presence=always_there(),  # the SDK cancels the call when its session ends
     )
     return ClaimOut(todo=TodoOut.of(todos[0]) if todos else None)
 
@@ -260,7 +269,7 @@ async def get_todo(caller: Caller, a: TodoArgs) -> TodoDetailOut:
 
 
 async def wait_for(caller: Caller, a: WaitArgs) -> WaitOut:
-    detail = await wait_for_todo(caller.services, a.id, a.wait, caller.scope)
+    detail = await wait_for_todo(caller.services, a.id, a.wait, caller.scope, presence=always_there())
     return WaitOut(finished=detail.todo.state in FINISHED, todo=TodoOut.of(detail.todo))
 
 

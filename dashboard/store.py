@@ -318,6 +318,22 @@ class Store:
         await self._hint([todo.queue])
         return todo
 
+    async def give_back(self, todos: Sequence[Todo], owner: str) -> list[Todo]:
+        """Undo claims whose client went before they reached it (a long-poll whose connection
+        closed): pending again, the attempt not counted, the place in line kept. A todo no
+        longer held under its claim's lease (reaped, cancelled meanwhile) is left alone."""
+        if not todos:
+            return []
+        records = await SQL.give_back.fetch(
+            self.db, ids=[t.id for t in todos], leases=[t.lease_token for t in todos], owner=_owner(owner)
+        )
+        given = [Todo.from_record(r) for r in records]
+        queues = {t.queue for t in given}
+        for queue in queues:  # this process's claimers have passed their place in line
+            self.cursors.forget(queue)
+        await self._hint(queues)
+        return given
+
     async def complete(
         self,
         todo_id: str,

@@ -176,3 +176,45 @@ async def test_claim_by_id_of_a_retry_that_is_not_due_is_a_conflict_saying_when(
 async def test_claim_by_id_of_an_unknown_todo_is_not_found(module_store, module_pool):
     with pytest.raises(NotFound, match="no todo td_nope"):
         await module_store.claim("td_nope", "w1", 30)
+
+
+# -- give_back: a claim whose client went before it reached it ------------------------------
+
+
+async def test_give_back_makes_the_todos_pending_again_uncounted_in_their_place_in_line(
+    module_store, module_pool
+):
+    first = await enqueue(module_store, "q", "first", max_attempts=1)
+    second = await enqueue(module_store, "q", "second", max_attempts=1)
+    held = await module_store.claim_batch(["q"], "w1", 300, 2)
+    given = await module_store.give_back(held, "w1")
+    assert {(t.id, t.state, t.owner, t.attempt) for t in given} == {
+        (first.id, "pending", None, 0),
+        (second.id, "pending", None, 0),
+    }
+    assert (await last_step(module_pool, first.id)) == (
+        "claimed",
+        "pending",
+        "agent",
+        "w1",
+        0,
+        "given back: the claimer disconnected before the claim reached it (attempt not counted)",
+    )
+    again = await module_store.claim_next(["q"], "w2", 300)  # the oldest is still first in line
+    assert (again.id, again.attempt) == (first.id, 1)
+    with pytest.raises(Conflict):
+        await module_store.heartbeat(held[1].id, "w1", held[1].lease_token, 30)  # not held any more
+
+
+async def test_give_back_leaves_alone_a_todo_no_longer_held_under_that_claim(module_store, module_pool):
+    todo = await enqueue(module_store, "q")
+    held = await module_store.claim_next(["q"], "w1", 300)
+    await module_pool.execute(
+        "UPDATE todos SET lease_expires_at = now() - interval '1 s' WHERE id = $1", todo.id
+    )
+    await module_store.reap()
+    await make_retry_due(module_pool, todo.id)
+    later = await module_store.claim(todo.id, "w1", 300)  # the same agent name, a later claim
+    assert await module_store.give_back([held], "w1") == []
+    row = await todo_row(module_pool, todo.id)
+    assert (row.state, row.owner, row.attempt, row.lease_token) == ("claimed", "w1", 2, later.lease_token)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from litestar import Response, Router, get, patch, post
+from litestar import Request, Response, Router, get, patch, post
 from litestar.di import NamedDependency, Provide
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Example
@@ -22,6 +22,7 @@ from dashboard.reads import LIST_STATES, MAX_PAGE, TodoFilter
 from dashboard.web.auth import Caller, require_agent
 from dashboard.web.errors import problem_of
 from dashboard.web.live import channel_stream, claim_waiting
+from dashboard.web.presence import watching
 from dashboard.web.schemas import (
     BAD_INPUT,
     MAX_HTTP_BATCH,
@@ -91,15 +92,25 @@ async def create_batch(data: JSONBody[BatchIn], caller: NamedDependency[Caller])
     },
 )
 async def claim_next(
-    data: JSONBody[ClaimIn], caller: NamedDependency[Caller]
+    data: JSONBody[ClaimIn], caller: NamedDependency[Caller], request: Request
 ) -> Response[TodoOut | ClaimedOut | None]:
     n = 1 if data.max is None else data.max
     if isinstance(n, bool) or not 1 <= n <= MAX_HTTP_BATCH:
         raise InvalidInput("max", f"must be a whole number from 1 to {MAX_HTTP_BATCH}")
     known, agent = caller.services, caller.agent
-    todos = await claim_waiting(
-        known.store, known.hub, known.accounts, data.queues, agent.name, data.ttl, data.wait, agent.scope, n
-    )
+    async with watching(request.receive, waits=data.wait != 0) as presence:
+        todos = await claim_waiting(
+            known.store,
+            known.hub,
+            known.accounts,
+            data.queues,
+            agent.name,
+            data.ttl,
+            data.wait,
+            agent.scope,
+            n,
+            presence=presence,
+        )
     if data.max is not None:
         return Response(ClaimedOut(todos=[TodoOut.of(t) for t in todos]), status_code=HTTP_200_OK)
     if not todos:
@@ -221,6 +232,7 @@ async def fail(
 async def get_todo(
     todo_id: FromPath[str],
     caller: NamedDependency[Caller],
+    request: Request,
     wait: Annotated[
         str,
         QueryParameter(
@@ -229,7 +241,9 @@ async def get_todo(
         ),
     ] = "0",
 ) -> TodoDetailOut:
-    detail = await wait_for_todo(caller.services, todo_id, _seconds(wait), caller.scope)
+    seconds = _seconds(wait)
+    async with watching(request.receive, waits=seconds != 0) as presence:
+        detail = await wait_for_todo(caller.services, todo_id, seconds, caller.scope, presence=presence)
     return TodoDetailOut(todo=TodoOut.of(detail.todo), history=detail.history, event=detail.event)
 
 

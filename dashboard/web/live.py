@@ -20,6 +20,7 @@ from dashboard.accounts import Accounts
 from dashboard.models import Scope, Todo, check_wait
 from dashboard.notify import Hub, Subscription
 from dashboard.store import Store
+from dashboard.web.presence import Presence
 
 KEEPALIVE = 15.0
 PAGE_HINT_INTERVAL = 0.5  # a page gets at most two refresh hints a second
@@ -136,11 +137,15 @@ async def claim_waiting(
     wait: float,
     scope: Scope,
     n: int = 1,
+    *,
+    presence: Presence,
 ) -> list[Todo]:
     """Claim up to n todos now, or wait up to `wait` seconds for a hint (re-checking every
     few seconds) and claim then. A process that is stopping claims nothing more: the wait
     ends with none (204). A token revoked meanwhile claims nothing either: 401, checked
-    before every try after the first (the request itself was authorised just before it)."""
+    before every try after the first (the request itself was authorised just before it).
+    A client that went (`presence`) ends the wait, and a claim that raced its going is
+    given back: nobody would hold it until its lease ran out, spending an attempt."""
     wait = check_wait(wait)
     if wait == 0:  # the busy agent's claim: no subscription to make and drop
         return [] if hub.stopping else await store.claim_batch(queues, owner, ttl, n, scope=scope)
@@ -151,13 +156,17 @@ async def claim_waiting(
     with hub.subscribe(
         queues, token=scope.token_id
     ) as sub:  # subscribed before the first try: no lost wake-up
+        presence.wakes(sub)
         while True:
-            if sub.ended:
+            if sub.ended or presence.gone:
                 return []
             if not first and not await still_allowed(sub):
                 raise NotAuthorizedException("the token was revoked")
             first = False
             todos = await store.claim_batch(queues, owner, ttl, n, scope=scope)
+            if todos and presence.gone:
+                await store.give_back(todos, owner)
+                return []
             remaining = deadline - loop.time()
             if todos or remaining <= 0:
                 return todos

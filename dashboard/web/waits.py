@@ -23,6 +23,7 @@ from dashboard.models import Scope, check_id, check_wait
 from dashboard.reads import TodoDetail
 from dashboard.store import FINISHED
 from dashboard.web.live import POLL_JITTER, token_check
+from dashboard.web.presence import Presence
 from dashboard.web.services import Services
 
 # Seconds between reads when no hint comes (± POLL_JITTER of it): a missed hint costs
@@ -31,11 +32,13 @@ from dashboard.web.services import Services
 WAIT_POLL = 1.5
 
 
-async def wait_for_todo(services: Services, todo_id: str, wait: float, scope: Scope | None) -> TodoDetail:
+async def wait_for_todo(
+    services: Services, todo_id: str, wait: float, scope: Scope | None, *, presence: Presence
+) -> TodoDetail:
     """The todo with its history as soon as it is finished, or after `wait` seconds (0 to
     MAX_WAIT) as it is then. A todo outside `scope` is NotFound, as for a plain read. A
     process that is stopping answers at once with what it has; a token revoked meanwhile
-    gets 401."""
+    gets 401; a client that went (`presence`) ends the wait: nobody reads the answer."""
     wait, todo_id = check_wait(wait), check_id(todo_id)
     if wait == 0:
         return await services.reads.todo_detail(todo_id, scope=scope)
@@ -43,11 +46,12 @@ async def wait_for_todo(services: Services, todo_id: str, wait: float, scope: Sc
     deadline = loop.time() + wait
     still_allowed = token_check(services.accounts)
     with services.hub.watch(todo_id, token=scope.token_id if scope else None) as sub:
+        presence.wakes(sub)
         await services.store.watch(todo_id, scope=scope)
         while True:
             detail = await services.reads.todo_detail(todo_id, scope=scope)
             remaining = deadline - loop.time()
-            if detail.todo.state in FINISHED or remaining <= 0 or sub.ended:
+            if detail.todo.state in FINISHED or remaining <= 0 or sub.ended or presence.gone:
                 return detail
             await sub.wait(min(remaining, WAIT_POLL * random.uniform(1 - POLL_JITTER, 1 + POLL_JITTER)))
             if scope is not None and (sub.revoked or sub.resync) and not await still_allowed(sub):

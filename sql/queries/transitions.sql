@@ -292,6 +292,26 @@ WITH released AS (
 )
 SELECT * FROM released;
 
+-- name: give_back
+-- Todos :ids, just claimed by :owner under :leases for a client that went before the claim
+-- reached it (a long-poll whose connection closed): pending again as if never claimed. The
+-- attempt is not counted and the todo keeps its place in line (ready_at is untouched).
+WITH given AS (
+    UPDATE todos t
+    SET state = 'pending', owner = NULL, lease_expires_at = NULL, heartbeat_at = NULL,
+        attempt = t.attempt - 1, updated_at = clock_timestamp()
+    FROM unnest(:ids::text[], :leases::bigint[]) AS i(id, lease)
+    WHERE t.id = i.id AND t.state = 'claimed' AND t.owner = :owner AND t.lease_token = i.lease
+    RETURNING t.*
+), logged AS (
+    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
+                              event, queue, elapsed)
+    SELECT id, 'claimed', 'pending', 'agent', :owner, attempt,
+           'given back: the claimer disconnected before the claim reached it (attempt not counted)',
+           'given_back', queue, NULL FROM given
+)
+SELECT * FROM given;
+
 -- name: fail
 -- Todo :id (owner :owner, lease :lease) failed with :error: back to pending with a retry
 -- time below max_attempts, dead-lettered (failed) at the cap. The retry time (random:
