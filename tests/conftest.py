@@ -39,6 +39,16 @@ def run(coro):
     return asyncio.run(coro)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def state_home(tmp_path_factory):
+    """A switchboard serving an embedded database records itself under XDG_STATE_HOME
+    (dashboard/instances.py): the servers tests start record in a folder of the session's,
+    never in the real home, and no real one is found by the commands tests run."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def server_dsn(tmp_path_factory):
     """The maintenance DSN of the server under test."""

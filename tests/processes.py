@@ -21,15 +21,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    """`python ARGS`, its output (both streams) in `log`."""
+def spawn(args: list[str], env: dict[str, str], log: Path, cwd: Path | None = None) -> subprocess.Popen:
+    """`python ARGS` (in `cwd`), its output (both streams) in `log`."""
     with open(log, "w") as out:
-        return subprocess.Popen([sys.executable, *args], env=env, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, *args], env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT
+        )
 
 
-def start_serving(args: list[str], env: dict[str, str], log: Path, within: float = 60) -> subprocess.Popen:
-    """`switchboard ARGS` with its output in `log`, once it says it is up (after it listens)."""
-    proc = spawn(["-m", "dashboard.cli", *args], env, log)
+def start_serving(
+    args: list[str], env: dict[str, str], log: Path, within: float = 60, cwd: Path | None = None
+) -> subprocess.Popen:
+    """`switchboard ARGS` (in `cwd`) with its output in `log`, once it says it is up (after it listens)."""
+    proc = spawn(["-m", "dashboard.cli", *args], env, log, cwd)
     deadline = time.monotonic() + within
     while "switchboard is up on" not in log.read_text():
         if proc.poll() is not None or time.monotonic() > deadline:

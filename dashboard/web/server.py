@@ -16,6 +16,7 @@ from the addresses in SWITCHBOARD_TRUSTED_PROXIES.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import math
@@ -32,6 +33,7 @@ from dashboard import logs
 from dashboard.accounts import Accounts
 from dashboard.db import open_database
 from dashboard.errors import InvalidInput
+from dashboard.instances import recorded
 from dashboard.web.app import create_app, load_config
 from dashboard.web.slow_clients import header_timeout_protocol
 
@@ -180,7 +182,9 @@ class Server(uvicorn.Server):
 
 
 async def _run(host: str, port: int, newcomer: bool, limits: Limits) -> None:
-    db = await open_database(max_size=2)  # migrations, the first operator, the secrets
+    # migrations, the first operator, the secrets; without DATABASE_URL the embedded database,
+    # created if there is none (dashboard/instances.py)
+    db = await open_database(max_size=2, create=True)
     try:
         if newcomer:
             await _first_operator(db)
@@ -197,15 +201,18 @@ async def _run(host: str, port: int, newcomer: bool, limits: Limits) -> None:
         )
         log.info("X-Forwarded-For and X-Forwarded-Proto trusted from: %s", ", ".join(limits.trusted_proxies))
         shown = "localhost" if host in ("127.0.0.1", "0.0.0.0", "::") else host
-        where = "embedded PostgreSQL in " + db.dsn.split("host=")[-1] if db.server else "DATABASE_URL"
+        url = f"http://{shown}:{port}/"
+        where = f"embedded PostgreSQL, data in {db.server.pgdata}" if db.server else "DATABASE_URL"
         loop = type(asyncio.get_running_loop())
-        up = f"switchboard is up on http://{shown}:{port}/ (database: {where}; event loop: {loop.__module__})"
+        up = f"switchboard is up on {url} (database: {where}; event loop: {loop.__module__})"
         server = Server(config, up)
         # uvicorn re-raises the stop signal after its shutdown; these handlers turn it into
         # Stopped, so the `finally` below runs for SIGTERM as it does for SIGINT.
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, _stopped)
-        await server.serve()
+        # Commands run elsewhere without DATABASE_URL find the embedded database through this.
+        with recorded(url, db.server.pgdata) if db.server else contextlib.nullcontext():
+            await server.serve()
     except Stopped as stop:
         log.info("stopped (%s)", stop)
     finally:
