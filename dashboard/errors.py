@@ -17,6 +17,11 @@ class Conflict(SwitchboardError):
         self.current = current or {}
 
 
+class Stale(Conflict):
+    """An edit named a version of the todo (what its caller read) that is no longer the
+    todo's: something changed it since. `current` says what, and the version now."""
+
+
 class Cancelled(Conflict):
     """The todo was cancelled while its holder held it: the holder should stop its work.
     Its problem details carry the type PROBLEM_CANCELLED, so a worker can tell it apart."""

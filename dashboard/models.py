@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, NamedTuple, TypeVar, get_args
 
 import msgspec
@@ -80,6 +80,12 @@ class Todo(msgspec.Struct, kw_only=True):
     def cancelled(self) -> bool:
         return self.cancelled_at is not None
 
+    @property
+    def version(self) -> str:
+        """What an edit names as the todo it read (ETag, If-Match, the edit form): its
+        updated_at, which every transition sets."""
+        return version_of(self.updated_at)
+
     def scheduled(self, now: datetime) -> bool:
         """Pending, not retrying, and not claimable before its ready_at (a run_at)."""
         return (
@@ -91,6 +97,25 @@ class Todo(msgspec.Struct, kw_only=True):
 
 
 _EXTRA_COLUMNS = ("part", "read_at", "was", "changes", "watched")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+_VERSION = re.compile(r"[0-9]{1,18}")  # always fullmatch; 18 digits reach the year 33658
+
+
+def version_of(at: datetime) -> str:
+    """A todo's version: its updated_at as microseconds since the epoch (exact: PostgreSQL
+    keeps microseconds, and timedelta divides without a float)."""
+    return str((at - _EPOCH) // _MICROSECOND)
+
+
+def check_version(version: Any) -> datetime:
+    """The updated_at a version names; anything no todo could have had is refused."""
+    if not isinstance(version, str) or not _VERSION.fullmatch(version):
+        raise InvalidInput("version", f"{version!r} is not a todo's version")
+    try:
+        return _EPOCH + int(version) * _MICROSECOND
+    except OverflowError:
+        raise InvalidInput("version", f"{version!r} is not a todo's version (past the year 9999)") from None
 
 
 class TodoEdit(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -428,6 +453,66 @@ def _checked_new_todo(item: NewTodo, problems: Problems) -> CheckedTodo:
         check(check_text, item.event.kind, "event.kind", required=True)
         event_payload = check(check_json_object, item.event.payload, "event.payload")
     return CheckedTodo(payload, event_payload, run_at, delay, until)
+
+
+EDITABLE = ("title", "kind", "payload", "assignee", "assignee_until", "max_attempts", "priority")
+
+
+class CheckedEdit(NamedTuple):
+    """A TodoEdit applied to the todo it edits, as the store writes it."""
+
+    values: dict[str, Any]  # every EDITABLE field: the new value, or the todo's
+    run_at: datetime | None
+
+
+def check_edit(todo: Todo, edit: TodoEdit) -> CheckedEdit:
+    """Check every field of `edit` against `todo`; the todo's values after it."""
+    problems = Problems()
+    checked = _checked_edit(todo, edit, problems)
+    problems.raise_first()
+    return checked
+
+
+def edit_problems(todo: Todo, edit: TodoEdit) -> dict[str, str]:
+    """Every field's problem (field: message), for the edit form; {} when it may be saved."""
+    problems = Problems()
+    _checked_edit(todo, edit, problems)
+    return problems.fields
+
+
+def _checked_edit(todo: Todo, edit: TodoEdit, problems: Problems) -> CheckedEdit:
+    """A field that fails its check keeps the todo's value, so the checks after it judge
+    the rest against what would be written."""
+    given = edit.given()
+    new = {f: getattr(todo, f) for f in EDITABLE}
+
+    def check(field: str, check_field: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        if field in given:
+            value = problems.check(check_field, given[field], *args, **kwargs)
+            if field not in problems.fields:
+                new[field] = value
+
+    check("title", check_text, "title", required=True)
+    for field in ("kind", "assignee"):
+        check(field, check_text, field)
+        if field in given and not (new[field] or "").strip():
+            new[field] = None  # empty or blank: cleared
+    if "payload" in given and problems.check(check_json_object, given["payload"], "payload"):
+        new["payload"] = given["payload"]
+    check("max_attempts", check_max_attempts)
+    check("priority", check_priority)
+    check("assignee_until", check_time, "assignee_until")
+    if new["assignee"] is None:
+        new["assignee_until"] = None
+    problems.check(check_assignee_until, new["assignee_until"], new["assignee"])
+    run_at = problems.check(check_time, given.get("run_at"), "run_at")
+    if run_at is not None and todo.state != "pending":
+        problems.add("run_at", "only a pending todo can be scheduled (retry the dead one with it)")
+    if "max_attempts" in given and new["max_attempts"] < todo.attempt and todo.state == "pending":
+        problems.add(
+            "max_attempts", f"must be at least the attempts already made ({todo.attempt}) while it is pending"
+        )
+    return CheckedEdit(new, run_at)
 
 
 def check_wait(wait: Any) -> float:

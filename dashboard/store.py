@@ -20,7 +20,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import asyncpg
@@ -35,10 +35,12 @@ from dashboard.errors import (
     DatabaseUnavailable,
     InvalidInput,
     NotFound,
+    Stale,
     SwitchboardError,
     TooLarge,
 )
 from dashboard.models import (
+    EDITABLE,
     MAX_ERROR,
     MAX_REASON,
     PRODUCER,
@@ -51,22 +53,22 @@ from dashboard.models import (
     Todo,
     TodoEdit,
     check_actor,
-    check_assignee_until,
+    check_edit,
     check_id,
     check_json_object,
     check_lease,
-    check_max_attempts,
     check_new_todo,
     check_priority,
     check_queue,
     check_queues,
     check_text,
-    check_time,
     check_ttl,
+    check_version,
     json_encode,
 )
 from dashboard.queries import HINTS, READS
 from dashboard.queries import TRANSITIONS as SQL
+from dashboard.reads import HistoryEntry
 
 log = logging.getLogger("switchboard.store")
 MAX_BATCH = 1000
@@ -665,18 +667,31 @@ class Store:
         return report
 
     async def edit(
-        self, todo_id: str, actor: Actor, edit: TodoEdit, *, retry: bool = False, scope: Scope | None = None
+        self,
+        todo_id: str,
+        actor: Actor,
+        edit: TodoEdit,
+        *,
+        retry: bool = False,
+        version: str | None = None,
+        scope: Scope | None = None,
     ) -> Todo:
         """Change a pending or dead todo (never a claimed one); the history row says what
         changed, old → new. With `retry`, a dead todo is retried (a fresh budget) and
-        edited in one transaction: both or neither."""
+        edited in one transaction: both or neither. With `version` (Todo.version of what
+        the caller read), a todo changed since is refused (Stale, saying what changed);
+        without, the fields given are written over the todo as it is."""
         check_actor(actor)
         todo_id = check_id(todo_id)
+        if version is not None:
+            check_version(version)
         if not retry:
-            todo = await _edit(self.db, todo_id, actor, edit, scope)
+            todo = await _edit(self.db, todo_id, actor, edit, scope, version)
         else:
             try:
                 async with transaction(self.db) as conn:
+                    if version is not None:  # before the retry changes it
+                        await _unchanged(conn, await _read(conn, todo_id, scope, SQL.lock_todo), version)
                     record = await _retried(conn, todo_id, actor, one_more=False)
                     if record is None:
                         raise await self._miss(todo_id, "retry", actor.name, None, scope)
@@ -909,23 +924,59 @@ def _queue_in(queue: Any, scope: Scope | None) -> str:
     return queue
 
 
-_EDITABLE = ("title", "kind", "payload", "assignee", "assignee_until", "max_attempts", "priority")
+CHANGES_SHOWN = 10  # the latest changes a Stale conflict lists (it counts the rest)
 
 
-async def _edit(db, todo_id: str, actor: Actor, edit: TodoEdit, scope: Scope | None) -> Todo:
+async def _read(db, todo_id: str, scope: Scope | None, statement=READS.todo) -> Todo:
+    row = await statement.fetchrow(db, id=todo_id)
+    if row is None:
+        raise NotFound(f"no todo {todo_id}")
+    if scope is not None:
+        scope.check_todo(todo_id, row["queue"])
+    return Todo.from_record(row)
+
+
+async def _unchanged(db, todo: Todo, version: str | None) -> None:
+    """Refuse an edit by a caller that read another version of `todo` (Stale), saying
+    what changed it since: who, when, what, from its history."""
+    if version is None or version == todo.version:
+        return
+    rows = await READS.history_since.fetch(db, id=todo.id, since=check_version(version), limit=CHANGES_SHOWN)
+    rows.reverse()
+    untold = rows[0]["total"] - len(rows) if rows else 0
+    told = [
+        f"{row['at'].astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC {row['actor_kind']} {row['actor']}: "
+        + _short(row["note"], 200)
+        for row in rows
+    ]
+    if untold:
+        told.insert(0, f"{untold} earlier change" + ("s" if untold > 1 else ""))
+    what = ": " + "; ".join(told) if told else ""
+    raise Stale(
+        f"cannot edit todo {todo.id}: it changed after version {version} was read{what}; "
+        f"it is version {todo.version} now",
+        current={
+            "state": todo.state,
+            "version": todo.version,
+            "changed_since": [HistoryEntry(**{k: v for k, v in row.items() if k != "total"}) for row in rows],
+            "changes_untold": untold or None,
+        },
+    )
+
+
+async def _edit(
+    db, todo_id: str, actor: Actor, edit: TodoEdit, scope: Scope | None, version: str | None = None
+) -> Todo:
     """Read the todo, check the edit against it, and write it guarded by the version read
-    (updated_at): a todo claimed or changed meanwhile is refused, not overwritten."""
+    (updated_at): a todo claimed or changed meanwhile is refused, not overwritten. With
+    `version`, the caller's read must be that one too."""
     given = edit.given()
     if not given:
         raise InvalidInput("edit", "give at least one field to change")
     if "idempotency_key" in given:  # forbid_unknown_fields refuses it from JSON already
         raise InvalidInput("idempotency_key", "cannot be edited")
-    row = await READS.todo.fetchrow(db, id=todo_id)
-    if row is None:
-        raise NotFound(f"no todo {todo_id}")
-    if scope is not None:
-        scope.check_todo(todo_id, row["queue"])
-    todo = Todo.from_record(row)
+    todo = await _read(db, todo_id, scope)
+    await _unchanged(db, todo, version)
     if todo.state not in ("pending", "failed"):
         held = f" by {todo.owner}" if todo.state == "claimed" else ""
         raise Conflict(
@@ -933,33 +984,8 @@ async def _edit(db, todo_id: str, actor: Actor, edit: TodoEdit, scope: Scope | N
             "only pending and dead todos can be edited",
             current={"state": todo.state, "owner": todo.owner, "assignee": todo.assignee},
         )
-    new = {f: getattr(todo, f) for f in _EDITABLE}
-    if "title" in given:
-        new["title"] = check_text(given["title"], "title", required=True)
-    for field in ("kind", "assignee"):
-        if field in given:
-            value = check_text(given[field], field)
-            new[field] = value if value and value.strip() else None
-    if "payload" in given:
-        check_json_object(given["payload"], "payload")
-        new["payload"] = given["payload"]
-    if "max_attempts" in given:
-        new["max_attempts"] = check_max_attempts(given["max_attempts"])
-    if "priority" in given:
-        new["priority"] = check_priority(given["priority"])
-    if "assignee_until" in given:
-        new["assignee_until"] = check_time(given["assignee_until"], "assignee_until")
-    if new["assignee"] is None:
-        new["assignee_until"] = None
-    check_assignee_until(new["assignee_until"], new["assignee"])
-    run_at = check_time(given.get("run_at"), "run_at")
-    if run_at is not None and todo.state != "pending":
-        raise InvalidInput("run_at", "only a pending todo can be scheduled (retry the dead one with it)")
-    if "max_attempts" in given and new["max_attempts"] < todo.attempt and todo.state == "pending":
-        raise InvalidInput(
-            "max_attempts", f"must be at least the attempts already made ({todo.attempt}) while it is pending"
-        )
-    changes = {f: [_plain(getattr(todo, f)), _plain(new[f])] for f in _EDITABLE if getattr(todo, f) != new[f]}
+    new, run_at = check_edit(todo, edit)
+    changes = {f: [_plain(getattr(todo, f)), _plain(new[f])] for f in EDITABLE if getattr(todo, f) != new[f]}
     if "payload" in changes:
         changes["payload"] = payload_diff(todo.payload, new["payload"])
     if run_at is not None:
@@ -978,6 +1004,7 @@ async def _edit(db, todo_id: str, actor: Actor, edit: TodoEdit, scope: Scope | N
         changes=json_encode(changes),
     )
     if record is None:
+        await _unchanged(db, await _read(db, todo_id, scope), version)
         raise Conflict(f"cannot edit todo {todo_id}: it changed while the edit was made; read it again")
     return Todo.from_record(record)
 
@@ -1007,9 +1034,9 @@ def _described(field: str, change: Any) -> str:
     return f"{field} {_short(old)} → {_short(new)}"
 
 
-def _short(value: Any) -> str:
+def _short(value: Any, limit: int = 60) -> str:
     text = "none" if value is None else str(value)
-    return text if len(text) <= 60 else text[:59] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _error(error: Any) -> str:

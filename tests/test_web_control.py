@@ -10,7 +10,7 @@ import html
 import re
 
 from dashboard import db as dbmod
-from dashboard.models import Actor
+from dashboard.models import Actor, TodoEdit
 from dashboard.reads import Reads, TodoFilter
 from dashboard.store import Store
 from tests.factories import claimed, db_now, dead_letter, enqueue, history, login, new_todo, todo_row
@@ -273,3 +273,103 @@ async def test_the_dead_letters_page_shows_hides_or_shows_only_cancelled_ones(cl
 def text_of(fragment: str) -> str:
     """A fragment's words, tags dropped."""
     return html.unescape(re.sub(r"<[^>]+>", " ", fragment))
+
+
+# -- edit: every problem at once, and a todo changed since the form was drawn --------------------
+
+
+def form_version(body: str) -> str:
+    """The version of the todo the edit form was drawn from (its hidden field)."""
+    match = re.search(r'<input type="hidden" name="version" value="(\d+)">', body)
+    assert match, "no version in the edit form"
+    return match.group(1)
+
+
+async def test_an_edit_form_with_several_bad_fields_marks_them_all_and_changes_nothing(client, pool, store):
+    token = await login(client, pool, "olga")
+    todo = await enqueue(store, "mail", "old", payload={"a": 1})
+    version = form_version((await get_page(client, f"/todos/{todo.id}/edit")).text)
+    form = {
+        "version": version,
+        "title": " ",
+        "assignee": "",
+        "run_at": "tomorrow",
+        "priority": "11",
+        "max_attempts": "three",
+        "payload": '{"a": 2',
+    }
+    response = await post(client, f"/todos/{todo.id}/edit", token, form)
+    assert response.status_code == 422
+    page = text(response)
+    assert "Title is required" in field_label(page, "title")
+    assert "is not a time" in field_label(page, "run_at")
+    assert "must be a whole number from -10 to 10" in field_label(page, "priority")
+    assert "must be a whole number from 1 to 100" in field_label(page, "max_attempts")
+    assert "not valid JSON" in field_label(page, "payload")
+    assert 'value="three"' in response.text and 'value="tomorrow"' in response.text
+    assert form_version(response.text) == version
+    assert (await todo_row(pool, todo.id)).version == todo.version
+
+
+async def test_a_stale_save_comes_back_409_with_the_input_kept_and_saving_again_applies_it(
+    client, pool, store
+):
+    token = await login(client, pool, "olga")
+    todo = await enqueue(store, "mail", "old", payload={"a": 1})
+    version = form_version((await get_page(client, f"/todos/{todo.id}/edit")).text)
+    await store.edit(todo.id, Actor("operator", "sam"), TodoEdit(title="sam's"))
+    form = {
+        "version": version,
+        "title": "olga's",
+        "kind": "call",
+        "assignee": "",
+        "priority": "3",
+        "max_attempts": "5",
+        "payload": '{"a": 2}',
+    }
+    response = await post(client, f"/todos/{todo.id}/edit", token, form)
+    assert response.status_code == 409
+    conflict = re.search(r'<div class="flash error conflict" id="conflict".*?</div>', text(response), re.S)
+    assert conflict and "changed after you opened this form" in conflict.group(0)
+    assert re.search(
+        r"operator</small> sam</span>\s*<span class=\"muted\">attempt 0</span>", conflict.group(0)
+    )
+    assert "edited: title old → sam's" in conflict.group(0)
+    assert all(f'value="{v}"' in text(response) for v in ("olga's", "call", "3"))
+    assert '{"a": 2}</textarea>' in text(response)
+    now = await todo_row(pool, todo.id)
+    assert now.title == "sam's" and form_version(response.text) == now.version
+
+    again = await post(client, f"/todos/{todo.id}/edit", token, {**form, "version": now.version})
+    assert again.status_code == 303, again.text
+    row = await todo_row(pool, todo.id)
+    assert (row.title, row.kind, row.priority, row.payload) == ("olga's", "call", 3, {"a": 2})
+
+
+async def test_edit_and_retry_from_a_stale_form_is_refused_and_leaves_the_todo_dead(client, pool, store):
+    token = await login(client, pool, "olga")
+    dead = await dead_letter(store, pool, "mail", payload={"to": "bad@"})
+    version = form_version((await get_page(client, f"/todos/{dead.id}/edit?retry=1")).text)
+    await store.edit(dead.id, Actor("operator", "sam"), TodoEdit(priority=2))
+    form = {"version": version, "title": dead.title, "priority": "0", "max_attempts": "5"}
+    form |= {"payload": '{"to": "ok@"}', "retry": "1"}
+    response = await post(client, f"/todos/{dead.id}/edit", token, form)
+    assert response.status_code == 409
+    assert 'name="retry" value="1" checked' in response.text
+    assert (await todo_row(pool, dead.id)).state == "failed"
+    again = await post(
+        client, f"/todos/{dead.id}/edit", token, {**form, "version": form_version(response.text)}
+    )
+    assert again.status_code == 303
+    row = await todo_row(pool, dead.id)
+    assert (row.state, row.priority, row.payload) == ("pending", 0, {"to": "ok@"})
+
+
+async def test_an_edit_form_whose_version_is_not_one_says_so_and_changes_nothing(client, pool, store):
+    token = await login(client, pool, "olga")
+    todo = await enqueue(store, "mail", "old")
+    form = {"version": "yesterday", "title": "new", "priority": "0", "max_attempts": "5", "payload": "{}"}
+    response = await post(client, f"/todos/{todo.id}/edit", token, form)
+    assert response.status_code == 422
+    assert "does not say which version of the todo it shows" in text(response)
+    assert (await todo_row(pool, todo.id)).title == "old"

@@ -5,18 +5,20 @@ it may use, which the store checks on every call. Every handler takes one depend
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from litestar import Request, Response, Router, get, patch, post
+from litestar.datastructures import ResponseHeader
 from litestar.di import NamedDependency, Provide
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Example
-from litestar.params import FromPath, FromQuery, JSONBody, Parameter, QueryParameter
+from litestar.params import FromPath, FromQuery, HeaderParameter, JSONBody, Parameter, QueryParameter
 from litestar.response import ServerSentEvent
 from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED, HTTP_204_NO_CONTENT
 
 from dashboard.errors import InvalidInput
-from dashboard.models import MAX_WAIT, Ack, Actor, NewTodo, QueuePause, TodoEdit, check_queues
+from dashboard.models import MAX_WAIT, Ack, Actor, NewTodo, QueuePause, Todo, TodoEdit, check_queues
 from dashboard.payload_search import check_payload
 from dashboard.reads import LIST_STATES, MAX_PAGE, TodoFilter
 from dashboard.web.auth import Caller, require_agent
@@ -26,6 +28,7 @@ from dashboard.web.presence import watching
 from dashboard.web.schemas import (
     BAD_INPUT,
     MAX_HTTP_BATCH,
+    ON_EDIT,
     ON_QUEUE,
     ON_TODO,
     AckOut,
@@ -220,14 +223,30 @@ async def fail(
     return FailOut.of(todo)
 
 
+ETAG = ResponseHeader(
+    name="ETag",
+    documentation_only=True,
+    value='"1764921600123456"',  # documents its type (a string); _tagged sets it
+    description='The todo\'s version, a strong ETag ("1764921600123456"): send it in `If-Match` '
+    "with an edit, so that it applies only to the todo as read.",
+)
+
+
+def _tagged(body, todo: Todo) -> Response:
+    """`body`, with the todo's version as its ETag."""
+    return Response(body, headers={"ETag": f'"{todo.version}"'})
+
+
 @get(
     "/todos/{todo_id:str}",
     summary="One todo with its history (with `wait`: once it is finished)",
     description=f"With `wait` (seconds, up to {MAX_WAIT:.0f}) the request blocks until the todo is "
     "finished — `done` with its `result`, or `failed` (dead-lettered or cancelled) with its "
     "`last_error` — and answers it at once then, or after `wait` seconds as it is by then (look at "
-    "`state`). A failed attempt that will be retried is pending again: the wait goes on.",
+    "`state`). A failed attempt that will be retried is pending again: the wait goes on. The "
+    "`ETag` is the version of the todo answered: an edit sends it back in `If-Match`.",
     responses=ON_TODO,
+    response_headers=[ETAG],
 )
 async def get_todo(
     todo_id: FromPath[str],
@@ -240,11 +259,12 @@ async def get_todo(
             schema_extra={"type": "number", "minimum": 0, "maximum": MAX_WAIT, "default": 0},
         ),
     ] = "0",
-) -> TodoDetailOut:
+) -> Response[TodoDetailOut]:
     seconds = _seconds(wait)
     async with watching(request.receive, waits=seconds != 0) as presence:
         detail = await wait_for_todo(caller.services, todo_id, seconds, caller.scope, presence=presence)
-    return TodoDetailOut(todo=TodoOut.of(detail.todo), history=detail.history, event=detail.event)
+    out = TodoDetailOut(todo=TodoOut.of(detail.todo), history=detail.history, event=detail.event)
+    return _tagged(out, detail.todo)
 
 
 def _seconds(text: str) -> float | str:
@@ -398,6 +418,23 @@ async def run_now(
     return TodoOut.of(await caller.store.run_now(todo_id, _agent(caller), scope=caller.scope))
 
 
+IF_MATCH = re.compile(r'^(?:"([0-9]{1,18})"|\*)$')
+
+
+def _if_match(header: str | None) -> str | None:
+    """The version an If-Match names; None without one, or for `*` (any version)."""
+    if header is None:
+        return None
+    match = IF_MATCH.match(header.strip())
+    if match is None:
+        raise InvalidInput(
+            "If-Match",
+            f"{header!r} is not an ETag of this API: send the one a GET or an edit of the todo "
+            'answered, quotes included ("1764921600123456"), and only one',
+        )
+    return match[1]
+
+
 @patch(
     "/todos/{todo_id:str}",
     status_code=HTTP_200_OK,
@@ -408,8 +445,14 @@ async def run_now(
     "idempotency key cannot be edited (400). A claimed or finished todo answers 409 (cancel or "
     "release it first). The history entry of the edit lists its `changes` (field: [old, new]; the "
     "payload as added, removed and changed keys). With `retry=true` a dead todo is retried with a "
-    "fresh attempt budget and edited in one step: both or neither.",
-    responses=ON_TODO,
+    "fresh attempt budget and edited in one step: both or neither.\n\n"
+    "`If-Match` with the `ETag` of a GET (or of an earlier edit) applies the edit only if the todo "
+    "has not changed since: else 409 (as every refused guard, not 412), whose `changed_since` "
+    "lists what changed it (who, when, what, newest last) and `version` is the todo's now. "
+    "Without `If-Match` the fields given are written over the todo as it is: a client that shows "
+    "a todo to a person and edits it later must send it.",
+    responses=ON_EDIT,
+    response_headers=[ETAG],
 )
 async def edit_todo(
     todo_id: FromPath[str],
@@ -418,9 +461,22 @@ async def edit_todo(
     retry: Annotated[
         bool, QueryParameter(description="also retry the (dead) todo, in the same transaction")
     ] = False,
-) -> TodoOut:
-    todo = await caller.store.edit(todo_id, _agent(caller), data, retry=retry, scope=caller.scope)
-    return TodoOut.of(todo)
+    if_match: Annotated[
+        str | None,
+        HeaderParameter(
+            name="If-Match",
+            required=False,
+            description='the ETag the todo was read with ("1764921600123456"): refused with 409 if it '
+            "changed since",
+            schema_extra={"pattern": IF_MATCH.pattern},
+        ),
+    ] = None,
+) -> Response[TodoOut]:
+    version = _if_match(if_match)
+    todo = await caller.store.edit(
+        todo_id, _agent(caller), data, retry=retry, version=version, scope=caller.scope
+    )
+    return _tagged(TodoOut.of(todo), todo)
 
 
 router = Router(

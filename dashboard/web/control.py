@@ -10,13 +10,14 @@ from datetime import UTC, datetime
 from functools import partial
 from urllib.parse import urlencode
 
+import msgspec
 from litestar import Request, get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath
 from litestar.response import Redirect, Template
 
-from dashboard.errors import Conflict, InvalidInput
-from dashboard.models import TodoEdit
+from dashboard.errors import Conflict, InvalidInput, Stale
+from dashboard.models import Todo, TodoEdit, edit_problems
 from dashboard.reads import Reads
 from dashboard.store import BulkReport, Store
 from dashboard.web.actions import actor, budget, parse_payload, utc
@@ -100,7 +101,10 @@ async def _todo_answer(request: Request, reads: Reads, todo_id: str, message: st
     )
 
 
-EDIT_FIELDS = ("title", "kind", "assignee", "assignee_until", "max_attempts", "priority", "run_at", "payload")
+EDIT_FIELDS = (
+    *("title", "kind", "assignee", "assignee_until", "max_attempts", "priority", "run_at", "payload"),
+    "version",
+)
 
 
 def local_utc(at: datetime | None) -> str:
@@ -123,6 +127,7 @@ async def edit_page(request: Request, reads: NamedDependency[Reads], todo_id: Fr
         "priority": str(todo.priority),
         "run_at": "",
         "payload": json.dumps(todo.payload, indent=2, ensure_ascii=False),
+        "version": todo.version,  # what the form was drawn from: a save checks it is still so
     }
     retry = request.query_params.get("retry") == "1" and todo.state == "failed"
     return page(
@@ -130,46 +135,74 @@ async def edit_page(request: Request, reads: NamedDependency[Reads], todo_id: Fr
     )
 
 
+def _number(text: str) -> int | str:
+    """A form's whole number, or the text as typed: the edit's check refuses it, saying
+    what the field takes."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def _as_retried(todo: Todo, retry: bool) -> Todo:
+    """The todo an edit with `retry` applies to: a dead one pending again, a fresh budget."""
+    return (
+        msgspec.structs.replace(todo, state="pending", attempt=0)
+        if retry and todo.state == "failed"
+        else todo
+    )
+
+
 @post("/todos/{todo_id:str}/edit", guards=[operators_only])
 async def edit_todo(
     request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads], todo_id: FromPath[str]
 ) -> Template | Redirect:
+    """Every field's problem is shown at once, beside the field, with what was typed kept
+    (as on the create form). A todo changed since the form was drawn (its `version`) is
+    not overwritten: the form comes back (409) with the values typed, what changed and by
+    whom, and the version now, so that saving again applies them over it."""
     form = await request.form()
     values = {f: form.get(f, "") if f == "payload" else form.get(f, "").strip() for f in EDIT_FIELDS}
     retry = form.get("retry") == "1"
-    errors: dict[str, str] = {}
     fields: dict = {"title": values["title"], "kind": values["kind"] or None}
     fields["assignee"] = values["assignee"] or None
     fields["assignee_until"] = utc(values["assignee_until"]) or None
     if values["run_at"]:
         fields["run_at"] = utc(values["run_at"])
-    for name in ("max_attempts", "priority"):
-        try:
-            fields[name] = int(values[name])
-        except ValueError:
-            errors[name] = "must be a whole number"
-    fields["payload"], payload_error = parse_payload(values["payload"])
+    fields["max_attempts"], fields["priority"] = _number(values["max_attempts"]), _number(values["priority"])
+    payload, payload_error = parse_payload(values["payload"])
+    if not payload_error:
+        fields["payload"] = payload
+    edit = TodoEdit(**fields)
+    detail = await reads.todo_detail(todo_id)
+    errors = edit_problems(_as_retried(detail.todo, retry), edit)
     if payload_error:
         errors["payload"] = payload_error
+    status, conflict = 422, None
     if not errors:
         try:
-            todo = await store.edit(todo_id, actor(request), TodoEdit(**fields), retry=retry)
+            todo = await store.edit(
+                todo_id, actor(request), edit, retry=retry, version=values["version"] or None
+            )
         except InvalidInput as exc:
-            errors[exc.field] = exc.message
+            errors = exc.fields
+        except Stale as exc:
+            status, conflict, errors = 409, exc.current, {"edit": str(exc)}
+            values["version"] = exc.current["version"]
         except Conflict as exc:
             errors["edit"] = str(exc)
         else:
             message = f"{todo.id} edited" + (" and retried: pending again" if retry else "")
             return redirect(request, f"/todos/{todo_id}", message)
-    detail = await reads.todo_detail(todo_id)
     return page(
         request,
         "edit.html",
-        status=422,
+        status=status,
         todo=detail.todo,
         read_at=detail.read_at,
         values=values,
         errors=errors,
+        conflict=conflict,
         retry=retry,
     )
 

@@ -68,6 +68,14 @@ ON_TODO = {
     404: _problem("No todo with that id"),
     409: _problem("The todo's state, owner or lease does not allow it (says which)"),
 }
+ON_EDIT = {
+    **ON_TODO,
+    409: _problem(
+        "The todo is claimed or finished, or changed since the version If-Match names "
+        "(`changed_since` says how, `version` is the todo's now)"
+    ),
+    422: _problem("A value out of bounds, or an If-Match that is not one ETag of this API"),
+}
 ON_QUEUE = {
     **BAD_INPUT,
     403: _problem("The token does not cover the queue named in the path"),

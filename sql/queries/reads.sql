@@ -197,6 +197,19 @@ SELECT *, now() AS read_at FROM todos WHERE id = :id;
 SELECT at, from_state, to_state, actor_kind, actor, attempt, note, changes
 FROM todo_history WHERE todo_id = :id ORDER BY id;
 
+-- name: history_since
+-- What changed todo :id after the version :since (its updated_at then), newest first, at
+-- most :limit rows, each with how many there are in all. The first row at or after :since
+-- is the change that made that version, skipped: a statement sets updated_at before it
+-- writes its history row, and the next change to the todo writes after it commits.
+WITH since AS (
+    SELECT id, at, from_state, to_state, actor_kind, actor, attempt, note, changes,
+           row_number() OVER (ORDER BY id) AS n
+    FROM todo_history WHERE todo_id = :id AND at >= :since
+)
+SELECT at, from_state, to_state, actor_kind, actor, attempt, note, changes, count(*) OVER () AS total
+FROM since WHERE n > 1 ORDER BY id DESC LIMIT :limit;
+
 -- name: queue_pauses
 SELECT * FROM queue_pauses ORDER BY queue;
 

@@ -37,7 +37,7 @@ WITH upserted AS (
     ON CONFLICT (queue, idempotency_key)
         WHERE idempotency_key IS NOT NULL AND state NOT IN ('done', 'failed')
         DO UPDATE SET dedupe_hits = t.dedupe_hits + 1 + excluded.dedupe_hits,
-                      updated_at = now()
+                      updated_at = clock_timestamp()
     RETURNING t.*
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
@@ -617,6 +617,11 @@ WITH edited AS (
     FROM edited
 )
 SELECT * FROM edited;
+
+-- name: lock_todo
+-- Todo :id, its row locked until the transaction ends: edit and retry compares the
+-- version its caller read before the retry changes it.
+SELECT * FROM todos WHERE id = :id FOR UPDATE;
 
 -- name: pause_queue
 -- (:actor_kind, :actor) pauses :queue for :reason. Pausing a paused queue changes nothing
