@@ -103,10 +103,13 @@ def check_url(url: str) -> None:
         raise DatabaseUnavailable(
             f"DATABASE_URL must start with postgresql:// (got {parts.scheme or 'no scheme'!r})"
         )
-    try:
-        parts.port  # noqa: B018 - raises ValueError on a malformed port
-    except ValueError as exc:
-        raise DatabaseUnavailable(f"DATABASE_URL is malformed: {exc}") from None
+    # It may list several hosts, each with its port (host1:5432,host2:5432: README
+    # "Replication and failover"); urlsplit reads only one.
+    for host in parts.netloc.rpartition("@")[2].split(","):
+        try:
+            urlsplit(f"//{host}").port  # noqa: B018 - raises ValueError on a malformed port
+        except ValueError as exc:
+            raise DatabaseUnavailable(f"DATABASE_URL is malformed: {exc}") from None
 
 
 # Failures that say nothing about the statement and everything about the server: it is

@@ -76,7 +76,7 @@ def created(results: Iterable[Created]) -> None:
 def claimed(todos: Iterable[Todo]) -> None:
     for todo in todos:
         _child(CLAIMED, todo.queue).inc()
-        if todo.lease_token == 1:  # the first claim: later ones wait since a retry or release
+        if todo.attempt == 1:  # the first attempt: later ones wait since a retry or release
             ready = todo.ready_at or todo.created_at
             _child(TIME_IN_QUEUE, todo.queue).observe((todo.claimed_at - ready).total_seconds())
 

@@ -33,6 +33,14 @@ TABLES = (
 # -- names ------------------------------------------------------------------------------
 
 
+MAX_LEASE_TOKEN = 2**53 - 1  # tokens stay exact integers in JSON (migration 0013)
+
+
+def assert_new_token(token: int, *earlier: int) -> None:
+    """A claim's lease token: in [1, 2^53 - 1] and none of the todo's `earlier` tokens."""
+    assert 1 <= token <= MAX_LEASE_TOKEN and token not in earlier, (token, earlier)
+
+
 def unique(prefix: str) -> str:
     """A queue (or agent) name no other test uses, for tests sharing one live server."""
     return f"{prefix}-{uuid.uuid4().hex[:10]}"

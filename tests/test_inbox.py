@@ -354,8 +354,8 @@ async def test_completing_with_a_stale_lease_is_an_inline_error_and_stores_nothi
 async def test_a_todo_someone_else_claimed_first_is_an_inline_error(client, pool, store):
     token = await login(client, pool, "alice")
     todo = await created_for(store, "alice")
-    await store.claim(todo.id, "alice", 600, actor_kind="operator")  # alice's other tab, say
-    await store.release(todo.id, "alice", 1, actor_kind="operator")
+    mine = await store.claim(todo.id, "alice", 600, actor_kind="operator")  # alice's other tab, say
+    await store.release(todo.id, "alice", mine.lease_token, actor_kind="operator")
     await pool.execute("UPDATE todos SET assignee_until = now() WHERE id = $1", todo.id)
     await store.claim(todo.id, "refund-bot", 60)  # its time with alice was up: an agent took it
 

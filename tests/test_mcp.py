@@ -26,7 +26,7 @@ from mcp.shared.exceptions import MCPError
 from dashboard.accounts import Accounts
 from dashboard.mcp_proxy import connected
 from tests.conftest import ROOT
-from tests.factories import enqueue, expire_lease, history, make_retry_due, todo_row, unique
+from tests.factories import assert_new_token, enqueue, expire_lease, history, make_retry_due, todo_row, unique
 from tests.processes import STOP_WITHIN, eventually, free_port, spawn, start_serving, stop
 
 TOOLS = {
@@ -169,7 +169,7 @@ async def test_a_late_completion_after_the_lease_lapsed_is_a_fencing_conflict_th
         await eventually(lambda: todo_row(live_conn, todo.id), lambda t: t.state == "pending", 5)
         await make_retry_due(live_conn, todo.id)
         theirs = (await call(fast_client, "claim", id=todo.id, ttl=30))["todo"]
-        assert theirs["lease"] > mine["lease"]
+        assert_new_token(theirs["lease"], mine["lease"])
 
         text = await refused(
             slow_client, "complete", 409, id=todo.id, lease=mine["lease"], result={"late": 1}

@@ -136,7 +136,7 @@ async def test_an_ack_with_a_superseded_lease_counts_as_a_fencing_refusal(open_m
     await expire_lease(pool, old.id)
     await store.reap()
     await make_retry_due(pool, old.id)
-    await store.claim(old.id, "w2", 30)
+    current = await store.claim(old.id, "w2", 30)
     before = await scrape(open_metrics)
 
     for call in (
@@ -147,7 +147,7 @@ async def test_an_ack_with_a_superseded_lease_counts_as_a_fencing_refusal(open_m
         with pytest.raises(Conflict):
             await call()
     with pytest.raises(Conflict):  # not fencing: w9 never held it, and names the current lease
-        await store.complete(old.id, "w9", old.lease_token + 1)
+        await store.complete(old.id, "w9", current.lease_token)
 
     after = await scrape(open_metrics)
 

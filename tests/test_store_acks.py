@@ -14,6 +14,7 @@ from dashboard.errors import Conflict, InvalidInput, NotFound
 from dashboard.models import Actor
 from tests.conftest import ONE_DATABASE_PER_MODULE
 from tests.factories import (
+    assert_new_token,
     claimed,
     db_now,
     enqueue,
@@ -41,7 +42,8 @@ async def test_heartbeat_extends_the_lease_from_now(module_store, module_pool):
     ten_minutes = timedelta(seconds=600)
     assert before + ten_minutes <= beat.lease_expires_at <= after + ten_minutes
     assert before <= beat.heartbeat_at <= after
-    assert (beat.state, beat.owner, beat.attempt, beat.lease_token) == ("claimed", "w1", 1, 1)
+    assert (beat.state, beat.owner, beat.attempt, beat.lease_token) == ("claimed", "w1", 1, held.lease_token)
+    assert_new_token(held.lease_token)
     assert await last_step(module_pool, held.id) == ("claimed", "claimed", "agent", "w1", 1, "heartbeat")
 
 
@@ -85,11 +87,12 @@ async def test_release_gives_the_todo_back_and_keeps_the_attempt_counted(module_
     held = await claimed(module_store)
     released = await module_store.release(held.id, "w1", held.lease_token)
     assert (released.state, released.owner, released.lease_expires_at) == ("pending", None, None)
-    assert (released.attempt, released.lease_token, released.next_retry_at) == (1, 1, None)
+    assert (released.attempt, released.lease_token, released.next_retry_at) == (1, held.lease_token, None)
     assert await last_step(module_pool, held.id) == ("claimed", "pending", "agent", "w1", 1, "released")
 
     again = await module_store.claim_next(["q"], "w2", 30)
-    assert (again.id, again.attempt, again.lease_token) == (held.id, 2, 2)
+    assert (again.id, again.attempt) == (held.id, 2)
+    assert_new_token(again.lease_token, held.lease_token)
 
 
 def holder_call(store, action: str, todo_id: str, owner: str, lease: int):

@@ -12,8 +12,9 @@ from dashboard.errors import Conflict
 from dashboard.models import Actor
 from tests.conftest import ONE_DATABASE_PER_MODULE
 from tests.factories import (
+    MAX_LEASE_TOKEN,
+    assert_new_token,
     claimed,
-    dead_letter,
     enqueue,
     expire_lease,
     history,
@@ -35,7 +36,7 @@ async def _lapse_and_reclaim(module_store, module_pool, first_owner: str, second
     assert reaped.state == "pending"
     await make_retry_due(module_pool, old.id)
     new_claim = await module_store.claim(old.id, second_owner, 30)
-    assert new_claim.lease_token == old.lease_token + 1
+    assert_new_token(new_claim.lease_token, old.lease_token)
     return old, new_claim
 
 
@@ -82,13 +83,62 @@ async def test_a_lease_taken_back_by_an_operator_and_claimed_again_is_fenced(mod
 
 
 async def test_the_lease_token_is_never_reused_even_after_an_operator_retry(module_store, module_pool):
-    dead = await dead_letter(module_store, module_pool, max_attempts=2)
-    await module_store.retry(dead.id, Actor("operator", "op-ann"))
-    again = await module_store.claim(dead.id, "w1", 30)
+    first = await claimed(module_store, max_attempts=2)
+    await module_store.fail(first.id, "w1", first.lease_token, "boom")
+    await make_retry_due(module_pool, first.id)
+    second = await module_store.claim(first.id, "w1", 30)
+    assert (await module_store.fail(first.id, "w1", second.lease_token, "boom")).state == "failed"
+    await module_store.retry(first.id, Actor("operator", "op-ann"))
+    again = await module_store.claim(first.id, "w1", 30)
     assert again.attempt == 1
-    assert again.lease_token == 3
+    assert_new_token(second.lease_token, first.lease_token)
+    assert_new_token(again.lease_token, first.lease_token, second.lease_token)
+    for stale in (first.lease_token, second.lease_token):
+        with pytest.raises(Conflict, match="is stale"):
+            await module_store.complete(first.id, "w1", stale)
+
+
+async def test_tokens_are_drawn_at_random_from_1_to_2_to_the_53_never_the_current_one(
+    module_store, module_pool
+):
+    """Random, not counted: no failover can make a promoted replica hand one out again
+    (tests/test_failover.py). All 40 tokens below 2^40 would be a chance of 2^-520."""
+    todo = await enqueue(module_store)
+    tokens = []
+    for _ in range(40):
+        held = await module_store.claim(todo.id, "w1", 30)
+        assert_new_token(held.lease_token, *tokens)
+        tokens.append(held.lease_token)
+        await module_store.release(todo.id, "w1", held.lease_token)
+    assert max(tokens) >= 2**40
+    # A draw is never the current token, at the ends of the range too.
+    drawn = await module_pool.fetchrow(
+        "SELECT bool_and(todo_lease_token(p) BETWEEN 1 AND $1 AND todo_lease_token(p) <> p) AS ok"
+        " FROM unnest($2::bigint[]) AS p, generate_series(1, 20000)",
+        MAX_LEASE_TOKEN,
+        [0, 1, 2, MAX_LEASE_TOKEN - 1, MAX_LEASE_TOKEN],
+    )
+    assert drawn["ok"]
+
+
+async def test_a_lease_handed_out_before_random_tokens_keeps_working_until_the_next_claim(
+    module_store, module_pool
+):
+    """A todo claimed before migration 0013 keeps its small counted token: its holder's
+    heartbeat, complete and fail still work; the next claim draws a random one."""
+    done, failing = await claimed(module_store), await claimed(module_store, max_attempts=2)
+    await module_pool.execute(
+        "UPDATE todos SET lease_token = 3 WHERE id = ANY ($1::text[])", [done.id, failing.id]
+    )  # as an older release's third claim left them
+    assert (await module_store.heartbeat(done.id, "w1", 3, 60)).lease_token == 3
+    assert (await module_store.complete(done.id, "w1", 3, {"ok": True})).result == {"ok": True}
+    await module_store.heartbeat(failing.id, "w1", 3, 60)
+    assert (await module_store.fail(failing.id, "w1", 3, "boom")).state == "pending"
+    await make_retry_due(module_pool, failing.id)
+    again = await module_store.claim(failing.id, "w2", 30)
+    assert_new_token(again.lease_token, 3)
     with pytest.raises(Conflict, match="is stale"):
-        await module_store.complete(dead.id, "w1", 1)
+        await module_store.complete(failing.id, "w2", 3)
 
 
 # -- history over a whole life -----------------------------------------------------------
@@ -113,7 +163,9 @@ async def test_a_todos_whole_life_is_in_its_history_one_row_per_transition(modul
     e = await module_store.claim(todo.id, "w5", 30)
     await module_store.complete(todo.id, "w5", e.lease_token, {"ok": True})
 
-    assert [b.lease_token, c.lease_token, d.lease_token, e.lease_token] == [2, 3, 4, 5]
+    tokens = [a.lease_token, b.lease_token, c.lease_token, d.lease_token, e.lease_token]
+    for i, token in enumerate(tokens):
+        assert_new_token(token, *tokens[:i])
     assert await history(module_pool, todo.id) == [
         (None, "pending", "producer", "producer", 0, "created"),
         ("pending", "pending", "producer", "producer", 0, "duplicate delivery collapsed"),

@@ -103,7 +103,7 @@ WITH open AS (
 ), claimed AS (
     UPDATE todos t
     SET state = 'claimed', owner = :owner, attempt = t.attempt + 1,
-        lease_token = t.lease_token + 1, next_retry_at = NULL,
+        lease_token = todo_lease_token(t.lease_token), next_retry_at = NULL,
         lease_expires_at = clock_timestamp() + make_interval(secs => :ttl),
         claimed_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
         updated_at = clock_timestamp()
@@ -212,7 +212,7 @@ WITH completed AS (
 ), claimed AS (
     UPDATE todos t
     SET state = 'claimed', owner = :owner, attempt = t.attempt + 1,
-        lease_token = t.lease_token + 1, next_retry_at = NULL,
+        lease_token = todo_lease_token(t.lease_token), next_retry_at = NULL,
         lease_expires_at = clock_timestamp() + make_interval(secs => :ttl),
         claimed_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
         updated_at = clock_timestamp()
@@ -241,7 +241,7 @@ SELECT 'claimed' AS part, * FROM claimed;
 WITH claimed AS (
     UPDATE todos
     SET state = 'claimed', owner = :owner, attempt = attempt + 1,
-        lease_token = lease_token + 1, next_retry_at = NULL,
+        lease_token = todo_lease_token(lease_token), next_retry_at = NULL,
         lease_expires_at = clock_timestamp() + make_interval(secs => :ttl),
         claimed_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
         updated_at = clock_timestamp()
