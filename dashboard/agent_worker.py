@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import psutil
 
-from dashboard.backoff import Backoff
+from dashboard.backoff import Backoff, shorter_wait
 
 log = logging.getLogger("switchboard.worker")
 STDERR_TAIL = 2000
@@ -120,7 +120,8 @@ class CommandWorker:
             loop.add_signal_handler(sig, self.stopping.set)
         try:
             while not self.stopping.is_set():
-                wait = 0 if self.once else self.wait
+                # re-sent as soon as it answers: spread, so that workers started together drift apart
+                wait = 0 if self.once else shorter_wait(self.wait)
                 claim = asyncio.create_task(
                     self.call(
                         "/claims", {"queues": self.queues, "ttl": self.ttl, "wait": wait, "max": self.batch}

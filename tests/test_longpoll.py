@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from dashboard.backoff import shorter_wait, spread_wait
 from tests.factories import agent_token, enqueue, unique
 
 API = "/api/v1"
@@ -186,3 +187,33 @@ async def test_the_channel_sends_resync_after_the_servers_listen_connection_is_k
         [r["pid"] for r in killed],
     )
     assert listeners >= 1, "the server did not re-open its LISTEN connection"
+
+
+# -- the spread of waits' ends ---------------------------------------------------------------
+
+
+def test_a_waits_end_is_spread_after_the_asked_wait_never_before_and_within_its_bound():
+    """Long-polls that began together end at different moments (issue 24: 152 expiring in
+    one second queued an ack 2.66 s), never earlier than asked and at most 10% (1 s) later."""
+    for wait, bound in ((1.0, 0.1), (5.0, 0.5), (60.0, 1.0)):
+        ends = [spread_wait(wait) for _ in range(2000)]
+        assert all(wait <= end <= wait + bound for end in ends), wait
+        assert max(ends) - min(ends) > 0.8 * bound, wait  # spread over the window, not a point
+    asked = [shorter_wait(20.0) for _ in range(2000)]
+    assert all(18.0 <= a <= 20.0 for a in asked) and max(asked) - min(asked) > 1.5
+
+
+async def test_waiting_claims_that_began_together_end_apart_and_not_before_their_wait(live_server, poller):
+    queue, headers = poller
+    limits = httpx.Limits(max_connections=30, max_keepalive_connections=30)
+    async with live_http(live_server, limits=limits) as http:
+
+        async def timed() -> float:
+            started = time.monotonic()
+            response = await claims(http, headers, queue, wait=2)
+            assert response.status_code == 204
+            return time.monotonic() - started
+
+        took = await asyncio.gather(*(timed() for _ in range(20)))
+    assert min(took) >= 1.95, took
+    assert max(took) - min(took) > 0.02, took  # a 0.2 s window: twenty ends are not one instant

@@ -17,6 +17,7 @@ from litestar.response import ServerSentEventMessage
 from litestar.template import TemplateEngineProtocol
 
 from dashboard.accounts import Accounts
+from dashboard.backoff import spread_wait
 from dashboard.models import Scope, Todo, check_wait
 from dashboard.notify import Hub, Subscription
 from dashboard.store import Store
@@ -150,7 +151,7 @@ async def claim_waiting(
     if wait == 0:  # the busy agent's claim: no subscription to make and drop
         return [] if hub.stopping else await store.claim_batch(queues, owner, ttl, n, scope=scope)
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait
+    deadline = loop.time() + spread_wait(wait)  # a fleet that began together does not end together
     still_allowed = token_check(accounts)
     first = True
     with hub.subscribe(

@@ -19,6 +19,7 @@ import random
 
 from litestar.exceptions import NotAuthorizedException
 
+from dashboard.backoff import spread_wait
 from dashboard.models import Scope, check_id, check_wait
 from dashboard.reads import TodoDetail
 from dashboard.store import FINISHED
@@ -43,7 +44,7 @@ async def wait_for_todo(
     if wait == 0:
         return await services.reads.todo_detail(todo_id, scope=scope)
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait
+    deadline = loop.time() + spread_wait(wait)  # waiters that began together do not end together
     still_allowed = token_check(services.accounts)
     with services.hub.watch(todo_id, token=scope.token_id if scope else None) as sub:
         presence.wakes(sub)
