@@ -69,6 +69,17 @@ AHEAD = ("delay 1h", "run_at 1h", "run_at 1h +02:00")
 
 
 OK, NOT_FOUND, CONFLICT, CANCELLED, INVALID = "ok", "NotFound", "Conflict", "Cancelled", "InvalidInput"
+DRAWN = -1  # a claim's lease token: the store draws it at random (DESIGN "Fencing")
+
+
+def adopt_token(t, token: int) -> None:
+    """The model takes the token a claim drew, once: any in [1, 2^53 - 1] that the todo has
+    not held before (a promoted replica must not repeat one, so none is predictable)."""
+    if t.lease_token == DRAWN:
+        assert 1 <= token < 2**53 and token not in t.tokens, (t.id, token, t.tokens)
+        t.lease_token = token
+
+
 LIVE = ("pending", "claimed")
 EDITABLE = ("pending", "failed")
 
@@ -172,7 +183,8 @@ class M:
     state: str = "pending"
     owner: str | None = None
     attempt: int = 0
-    lease_token: int = 0
+    lease_token: int = 0  # DRAWN right after a claim, until the store says which token it drew
+    tokens: list[int] = field(default_factory=list)  # every token it held before this one
     lease: str | None = None  # None, "live" or "lapsed" (expired, not yet reaped)
     retry: str | None = None  # next_retry_at: None, "future" or "due"
     scheduled: bool = False  # pending with its ready_at (a run_at or delay) still ahead
@@ -301,7 +313,8 @@ class Model:
     def claim(t: M, owner: str) -> None:
         t.state, t.owner, t.lease, t.retry = "claimed", owner, "live", None
         t.attempt += 1
-        t.lease_token += 1
+        t.tokens.append(t.lease_token)
+        t.lease_token = DRAWN
         t.history += 1
         t.last = ("pending", Actor("agent", owner))
 
@@ -434,8 +447,10 @@ class QueueMachine(RuleBasedStateMachine):
         owner = data.draw(st.sampled_from(owners), label="owner")
         current = t.lease_token if t else 1
         # The current lease, mostly; else the one from the claim before (a late agent whose
-        # lease lapsed), or any other: older ones, 0 (never issued) and the next one.
-        leases = [current] * 8 + [max(current - 1, 0)] * 3 + list(range(current + 2))
+        # lease lapsed), or any other: older ones, 0 (never issued) and small numbers (as
+        # the tokens before random ones were).
+        before = t.tokens[-1:] if t else []
+        leases = [current] * 8 + before * 3 + (t.tokens if t else []) + [0, 1, 2]
         lease = data.draw(st.sampled_from(leases), label="lease")
         return owner, lease
 
@@ -474,6 +489,7 @@ class QueueMachine(RuleBasedStateMachine):
     def check(self, action: str, got: Todo, t: M) -> None:
         """A todo the store handed back matches the model's (already updated) todo."""
         assert got.id == t.id, (action, got.id, t.id)
+        adopt_token(t, got.lease_token)
         seen = {
             "state": got.state,
             "owner": got.owner,
@@ -1159,6 +1175,7 @@ class QueueMachine(RuleBasedStateMachine):
         )
         for todo_id, t in self.model.todos.items():
             r = table[todo_id]
+            adopt_token(t, r["lease_token"])
             got = dict(r) | {
                 "cancelled": cancellation(
                     r["cancelled_at"], r["cancelled_by_kind"], r["cancelled_by"], r["cancel_reason"]
