@@ -60,7 +60,18 @@ async def lifespan(_app: Litestar) -> AsyncIterator[None]:
 @post("/claims", status_code=200)
 async def claims(data: dict[str, Any]) -> Response[dict[str, Any] | None]:
     rows = await POOL.fetch(
-        CLAIM.sql, *CLAIM.args({"queues": data["queues"], "owner": OWNER, "ttl": float(data["ttl"]), "n": 1})
+        CLAIM.sql,
+        *CLAIM.args(
+            # rank -10, after null: each claim scans from the oldest (the app keeps a position)
+            {
+                "queues": data["queues"],
+                "owner": OWNER,
+                "ttl": float(data["ttl"]),
+                "n": 1,
+                "rank": -10,
+                "after": None,
+            }
+        ),
     )
     if not rows:
         return Response(None, status_code=204)
