@@ -1,7 +1,8 @@
 """Operators (browser logins), agent API tokens, and the shared web secrets.
 
-Passwords are hashed with scrypt from the standard library, in a worker thread and a
-few at a time, so a flood of logins costs the event loop (claims, heartbeats) nothing.
+Passwords are hashed with scrypt from the standard library, in a worker thread and one
+at a time, so a flood of logins costs the event loop (claims, heartbeats) nothing; the web
+process lets only a few logins wait for that slot (dashboard/web/limits.py).
 API tokens and session ids are random 256-bit secrets, so a SHA-256 of them is enough to
 look them up and nothing else is kept. Agent and operator names share one namespace.
 """
@@ -21,11 +22,14 @@ import msgspec
 
 from dashboard.db import connection
 from dashboard.errors import Conflict, InvalidInput, NotFound
-from dashboard.models import Problems, Scope, check_queue
+from dashboard.models import ACTOR_KINDS, Problems, Scope, check_queue
 from dashboard.queries import ACCOUNTS as SQL
 
 ROLES = ("viewer", "operator")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,62}$")  # operators and agents alike
+# The names switchboard's own steps are recorded under (actor kinds, the reaper, the
+# CLI's default actor): no operator or agent may pass for them, in any case.
+RESERVED = (*ACTOR_KINDS, "cli", "reaper")
 TOKEN_PREFIX = "sbt_"
 SCRYPT = {"n": 2**17, "r": 8, "p": 1}  # OWASP's current guidance: 128 MiB and ~0.3 s a hash
 _MAXMEM = 2 * 128 * SCRYPT["r"] * SCRYPT["n"]
@@ -39,6 +43,20 @@ class Operator(msgspec.Struct, frozen=True):
     @property
     def can_change(self) -> bool:
         return self.role == "operator"
+
+
+class Credentials(msgspec.Struct, frozen=True):
+    """What a login checks a password against: an operator's, or nobody's (role None)."""
+
+    name: str
+    role: str | None
+    password_hash: str
+
+    @property
+    def generation(self) -> str:
+        """The hash's salt, new with every password set: limits keyed by it start afresh
+        after `operator passwd`, in every process."""
+        return self.password_hash.split("$")[-2]
 
 
 class Agent(msgspec.Struct, frozen=True):
@@ -113,6 +131,26 @@ def _check_name(name: str, field: str) -> None:
             f"{name!r} is not a name: names use letters, digits, '_', '.', '@' and '-', up to 63 "
             "characters, starting with a letter or digit",
         )
+    if name.lower() in RESERVED:
+        raise InvalidInput(
+            field, f"{name!r} is reserved: switchboard records its own steps under {', '.join(RESERVED)}"
+        )
+
+
+async def _claim_name(conn: asyncpg.Connection, name: str, kind: str) -> None:
+    """Take the names lock and refuse `name` for a new `kind` ("operator" or "agent") when
+    it, or a name that differs from it only by case, is held (one namespace for both): only
+    another token for the very same agent may share it."""
+    await SQL.lock_names.execute(conn)
+    holder = await SQL.name_holder.fetchrow(conn, name=name)
+    if holder is None or (kind == "agent" and tuple(holder) == ("agent", name)):
+        return
+    held_by, held = holder
+    if held != name:
+        raise Conflict(f"{name} differs only by case from {held_by} {held}: names are compared ignoring case")
+    if held_by == kind:
+        raise Conflict(f"{kind} {name} already exists")
+    raise Conflict(f"{name} is an {held_by}'s name (agents and operators share one namespace)")
 
 
 class Accounts:
@@ -128,20 +166,14 @@ class Accounts:
             raise InvalidInput("role", f"must be one of {', '.join(ROLES)}")
         password = password or secrets.token_urlsafe(15)
         password_hash = await hash_password(password)
-        try:
-            async with connection(self.db) as conn, conn.transaction():
-                await SQL.lock_names.execute(conn)
-                if (
-                    await SQL.add_operator.fetchval(conn, name=name, role=role, password_hash=password_hash)
-                    is None
-                ):
-                    raise Conflict(f"{name} is an agent's name (agents and operators share one namespace)")
-        except asyncpg.UniqueViolationError:
-            raise Conflict(f"operator {name} already exists") from None
+        async with connection(self.db) as conn, conn.transaction():
+            await _claim_name(conn, name, "operator")
+            await SQL.add_operator.execute(conn, name=name, role=role, password_hash=password_hash)
         return password
 
     async def set_password(self, name: str, password: str | None = None) -> str:
-        """A new password (generated unless given); ends every session of the operator."""
+        """A new password (generated unless given); ends every session of the operator
+        (and their pages' streams, in every process: a hint per session)."""
         password = password or secrets.token_urlsafe(15)
         if not await SQL.set_password.fetchval(
             self.db, name=name, password_hash=await hash_password(password)
@@ -150,24 +182,35 @@ class Accounts:
         return password
 
     async def remove_operator(self, name: str) -> None:
-        """Delete an operator; their sessions end with them (their history rows stay)."""
+        """Delete an operator; their sessions (and their pages' streams, hinted) end with them;
+        their history rows stay."""
         if await SQL.remove_operator.fetchval(self.db, name=name) is None:
             raise NotFound(f"no operator {name}")
 
     async def has_operators(self) -> bool:
         return await SQL.has_operators.fetchval(self.db)
 
-    async def login(self, name: str, password: str) -> Operator | None:
-        row = await SQL.operator_login.fetchrow(self.db, name=name)
-        stored = row["password_hash"] if row else _NOBODY
-        if not await check_password(password, stored) or row is None:
+    async def credentials(self, name: str) -> Credentials:
+        """What a login as `name` checks its password against (nobody's if there is no such
+        operator, so that a login costs the same either way)."""
+        # A NUL names nobody (and PostgreSQL text cannot hold one).
+        row = None if "\x00" in name else await SQL.operator_login.fetchrow(self.db, name=name)
+        return (
+            Credentials(name, row["role"], row["password_hash"]) if row else Credentials(name, None, _NOBODY)
+        )
+
+    async def login(self, credentials: Credentials, password: str) -> Operator | None:
+        """The operator, if `password` is theirs; older hashes are upgraded here."""
+        stored = credentials.password_hash
+        if not await check_password(password, stored) or credentials.role is None:
             return None
+        name = credentials.name
         if outdated(stored):
             await SQL.rehash_password.execute(
                 self.db, name=name, old_hash=stored, password_hash=await hash_password(password)
             )
         await SQL.note_login.execute(self.db, name=name)
-        return Operator(row["name"], row["role"])
+        return Operator(name, credentials.role)
 
     async def operator(self, name: str) -> Operator | None:
         row = await SQL.operator.fetchrow(self.db, name=name)
@@ -187,12 +230,10 @@ class Accounts:
         token_id = "tk_" + secrets.token_hex(6)
         secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
         async with connection(self.db) as conn, conn.transaction():
-            await SQL.lock_names.execute(conn)
-            made = await SQL.add_token.fetchval(
+            await _claim_name(conn, agent, "agent")
+            await SQL.add_token.execute(
                 conn, id=token_id, agent=agent, queues=queues, token_hash=token_hash(secret), created_by=actor
             )
-        if made is None:
-            raise Conflict(f"{agent} is an operator's name (agents and operators share one namespace)")
         return token_id, secret
 
     async def agent_for_hash(self, key: bytes) -> Agent | None:
@@ -234,7 +275,12 @@ class Accounts:
         await SQL.set_flash.execute(self.db, id_hash=token_hash(sid), flash=list(flash) if flash else None)
 
     async def end_session(self, sid: str) -> None:
+        """Logout; the session's open pages stop their stream, in every process (a hint)."""
         await SQL.end_session.execute(self.db, id_hash=token_hash(sid))
+
+    async def session_left(self, sid: str) -> float | None:
+        """Seconds until session `sid` expires; None once it ended or expired."""
+        return await SQL.session_left.fetchval(self.db, id_hash=token_hash(sid))
 
     # -- shared secrets ----------------------------------------------------------------
 

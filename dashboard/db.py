@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from dashboard.errors import DatabaseUnavailable
+from dashboard.errors import DatabaseUnavailable, StatementCancelled
 from dashboard.instances import choose_data_dir
 from dashboard.models import json_encode
 
@@ -127,6 +127,7 @@ _UNREACHABLE = (
     TimeoutError,
 )
 CONNECTION_ERRORS = (asyncpg.ReadOnlySQLTransactionError, *_UNREACHABLE)
+UNREACHABLE = "the database is unreachable right now; try again shortly"
 
 
 def unavailable(exc: BaseException) -> DatabaseUnavailable:
@@ -136,7 +137,7 @@ def unavailable(exc: BaseException) -> DatabaseUnavailable:
             "the database is read-only right now (a standby, or a failover in progress); try again shortly"
         )
     return DatabaseUnavailable(
-        f"the database is unreachable right now ({first_line(exc)}); try again shortly"
+        f"the database is unreachable right now ({first_line(exc)}); try again shortly", public=UNREACHABLE
     )
 
 
@@ -151,6 +152,10 @@ async def translated() -> AsyncIterator[None]:
     """Driver errors of the connection class become DatabaseUnavailable (the one place)."""
     try:
         yield
+    except asyncpg.QueryCanceledError as exc:  # an OperatorInterventionError, but not a failure
+        raise StatementCancelled(
+            f"the database stopped a statement ({first_line(exc)}); try again shortly"
+        ) from exc
     except CONNECTION_ERRORS as exc:
         raise unavailable(exc) from exc
 
@@ -169,6 +174,8 @@ async def connection(db: asyncpg.Pool | asyncpg.Connection) -> AsyncIterator[asy
         async with db.acquire() as conn:
             try:
                 yield conn
+            except (asyncpg.QueryCanceledError, StatementCancelled):
+                raise  # the connection is fine: back to the pool
             except (DatabaseUnavailable, *CONNECTION_ERRORS):
                 conn.terminate()
                 raise
@@ -199,7 +206,7 @@ async def connect(
     try:
         conn = await asyncpg.connect(dsn, timeout=10, server_settings=startup, **kwargs)
     except Exception as exc:
-        raise DatabaseUnavailable(describe_failure(dsn, exc)) from None
+        raise DatabaseUnavailable(describe_failure(dsn, exc), public=UNREACHABLE) from None
     try:
         await init_connection(conn, settings)
     except BaseException:
@@ -257,7 +264,7 @@ async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 10) -> asy
             reset=reset_connection,
         )
     except Exception as exc:
-        raise DatabaseUnavailable(describe_failure(dsn, exc)) from None
+        raise DatabaseUnavailable(describe_failure(dsn, exc), public=UNREACHABLE) from None
 
 
 def describe_failure(dsn: str, exc: Exception) -> str:

@@ -33,6 +33,11 @@ class OutOfScope(SwitchboardError):
     """The todo is in a queue the caller's API token does not cover."""
 
 
+class NotAllowed(SwitchboardError):
+    """The caller may see the todo but not do this to it (an agent reassigning a todo held
+    for a person)."""
+
+
 class InvalidInput(SwitchboardError):
     """An argument is out of bounds or malformed; names the field."""
 
@@ -44,7 +49,18 @@ class InvalidInput(SwitchboardError):
 
 
 class DatabaseUnavailable(SwitchboardError):
-    """The database cannot be reached, is read-only, or its URL is malformed: try again later."""
+    """The database cannot be reached, is read-only, or its URL is malformed: try again later.
+    `public` is what a client may be told: the message, unless it names hosts or repeats
+    the driver's text (those go to the log)."""
+
+    def __init__(self, message: str, *, public: str | None = None):
+        super().__init__(message)
+        self.public = public or message
+
+
+class StatementCancelled(DatabaseUnavailable):
+    """The database stopped a statement (a statement_timeout, pg_cancel_backend): busy, as
+    far as the caller can tell, but the connection is as good as before."""
 
 
 class MigrationError(SwitchboardError):

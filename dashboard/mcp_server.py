@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -38,13 +38,15 @@ from mcp_types import (
 )
 
 from dashboard.errors import Cancelled, Conflict, DatabaseUnavailable, InvalidInput
+from dashboard.mcp_requests import McpRequest
 from dashboard.models import MAX_WAIT, TTL_MAX, TTL_MIN, Actor, NewTodo
 from dashboard.reads import LIST_STATES, MAX_PAGE, TodoFilter
 from dashboard.store import FINISHED
 from dashboard.web.auth import Caller, require_agent
 from dashboard.web.errors import problem_of
-from dashboard.web.live import claim_waiting
-from dashboard.web.presence import always_there
+from dashboard.web.live import claim_waiting, token_check
+from dashboard.web.long_requests import LongRequests, long_requests, of_token
+from dashboard.web.presence import Presence
 from dashboard.web.schemas import (
     CreatedOut,
     FailOut,
@@ -53,6 +55,7 @@ from dashboard.web.schemas import (
     TodoOut,
     TodoPage,
 )
+from dashboard.web.searches import SEARCHES
 from dashboard.web.waits import wait_for_todo
 
 log = logging.getLogger("switchboard.mcp")
@@ -203,6 +206,22 @@ class WaitOut(msgspec.Struct):
 # -- the tools -------------------------------------------------------------------------------
 
 
+@dataclass(slots=True)
+class McpCaller(Caller):
+    """An /mcp request's agent, with its request (mcp_requests.py) and the app's bound on
+    long requests, for the tools that wait."""
+
+    request: McpRequest
+    long_requests: LongRequests
+
+    @contextlib.contextmanager
+    def waiting(self, *, waits: bool) -> Iterator[Presence]:
+        """Around a call that may wait: one of the token's long requests while it `waits` (a
+        tool error past the bound), and whether its client is still there."""
+        with self.long_requests.slot(of_token(self.scope.token_id), waits=waits):
+            yield self.request.watch_client() if waits else Presence()
+
+
 async def list_todos(caller: Caller, a: ListArgs) -> TodoPage:
     if a.queue:
         caller.scope.check([a.queue])
@@ -216,11 +235,12 @@ async def list_todos(caller: Caller, a: ListArgs) -> TodoPage:
         search=a.search,
         payload=a.payload,
     )
-    page = await caller.services.reads.list_todos(filters, limit=a.limit, after=a.cursor)
+    with SEARCHES.slot(f"agent:{caller.name}", filters):
+        page = await caller.services.reads.list_todos(filters, limit=a.limit, after=a.cursor)
     return TodoPage(items=[TodoOut.of(t) for t in page.items], next=page.next_cursor)
 
 
-async def claim(caller: Caller, a: ClaimArgs) -> ClaimOut:
+async def claim(caller: McpCaller, a: ClaimArgs) -> ClaimOut:
     if (a.queues is None) == (a.id is None):
         raise InvalidInput("queues", "give either queues (claim the next todo) or id (claim that todo)")
     if a.id is not None:
@@ -228,17 +248,18 @@ async def claim(caller: Caller, a: ClaimArgs) -> ClaimOut:
             todo=TodoOut.of(await caller.store.claim(a.id, caller.name, a.ttl, scope=caller.scope))
         )
     known = caller.services
-    todos = await claim_waiting(
-        known.store,
-        known.hub,
-        known.accounts,
-        a.queues,
-        caller.name,
-        a.ttl,
-        a.wait,
-        caller.scope,
-        presence=always_there(),  # the SDK cancels the call when its session ends
-    )
+    with caller.waiting(waits=a.wait != 0) as presence:
+        todos = await claim_waiting(
+            known.store,
+            known.hub,
+            known.accounts,
+            a.queues,
+            caller.name,
+            a.ttl,
+            a.wait,
+            caller.scope,
+            presence=presence,
+        )
     return ClaimOut(todo=TodoOut.of(todos[0]) if todos else None)
 
 
@@ -265,11 +286,12 @@ async def create_for(caller: Caller, a: CreateArgs) -> CreatedOut:
 
 async def get_todo(caller: Caller, a: TodoArgs) -> TodoDetailOut:
     detail = await caller.services.reads.todo_detail(a.id, scope=caller.scope)
-    return TodoDetailOut(todo=TodoOut.of(detail.todo), history=detail.history, event=detail.event)
+    return TodoDetailOut.of(detail)
 
 
-async def wait_for(caller: Caller, a: WaitArgs) -> WaitOut:
-    detail = await wait_for_todo(caller.services, a.id, a.wait, caller.scope, presence=always_there())
+async def wait_for(caller: McpCaller, a: WaitArgs) -> WaitOut:
+    with caller.waiting(waits=a.wait != 0) as presence:
+        detail = await wait_for_todo(caller.services, a.id, a.wait, caller.scope, presence=presence)
     return WaitOut(finished=detail.todo.state in FINISHED, todo=TodoOut.of(detail.todo))
 
 
@@ -558,10 +580,20 @@ class McpEndpoint:
             yield
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The token's agent, as the API resolves it (401 without one), for the tools to act as."""
+        """The token's agent, as the API resolves it (401 without one), for the tools to act
+        as; a GET (an event stream) is one of its long requests. The request lasts no longer
+        than its token, and its waiting tools no longer than its client (mcp_requests.py)."""
         try:
-            scope[CALLER] = await require_agent(Request(scope, receive))
+            found = await require_agent(Request(scope, receive))
         except NotAuthorizedException as exc:
             exc.headers = {**(exc.headers or {}), "WWW-Authenticate": 'Bearer realm="switchboard"'}
             raise
-        await self.sessions.handle_request(scope, receive, send)
+        known, token = found.services, found.scope.token_id
+        bound = long_requests(scope)
+        with (
+            bound.slot(of_token(token), waits=scope["method"] == "GET"),
+            known.hub.subscribe((), token=token) as sub,
+        ):
+            request = McpRequest(receive, send, sub, token_check(known.accounts))
+            scope[CALLER] = McpCaller(found.agent, known, request, bound)
+            await request.run(self.sessions.handle_request, scope)

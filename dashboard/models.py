@@ -267,6 +267,41 @@ def check_max_attempts(value: Any) -> int:
     return value
 
 
+SURROGATES = re.compile("[\ud800-\udfff]")
+SURROGATE_MESSAGE = (
+    "must not contain a lone UTF-16 surrogate (\\ud800 to \\udfff, half of a character): "
+    "UTF-8 text cannot hold one"
+)
+
+
+def check_unicode(text: str, field: str) -> str:
+    """Text UTF-8 can hold (so PostgreSQL, and every page and JSON answer): Python's JSON
+    decoder makes a lone surrogate of "\\ud800", and a form's charset can too."""
+    if SURROGATES.search(text):
+        raise InvalidInput(field, SURROGATE_MESSAGE)
+    return text
+
+
+def surrogate_path(value: Any) -> str | None:
+    """Where in decoded JSON a lone surrogate is (a key or a string), as `todos[0].title`;
+    None when there is none."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, str) and SURROGATES.search(node):
+            return path or "body"
+        if isinstance(node, dict):
+            for key, item in node.items():
+                shown = key.encode("utf-8", "backslashreplace").decode()  # a surrogate shown as \ud800
+                where = f"{path}.{shown}" if path else shown
+                if shown != key:
+                    return where
+                stack.append((where, item))
+        elif isinstance(node, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(node))
+    return None
+
+
 def check_json_object(value: Any, field: str) -> str:
     """The object as the JSON text PostgreSQL will store (encoded once, here), if it may."""
     if not isinstance(value, dict):
@@ -275,7 +310,10 @@ def check_json_object(value: Any, field: str) -> str:
         encoded = json_encode(value)
     except (TypeError, ValueError, msgspec.EncodeError) as exc:
         raise InvalidInput(field, f"must hold only JSON values ({exc})") from None
-    size = len(encoded.encode())
+    try:
+        size = len(encoded.encode())
+    except UnicodeEncodeError:  # UTF-8 refuses only surrogates
+        raise InvalidInput(field, SURROGATE_MESSAGE) from None
     if size > MAX_JSON_BYTES:
         raise TooLarge(field, f"is {size} bytes as JSON; the limit is {MAX_JSON_BYTES}")
     if _JSON_NUL.search(encoded):  # PostgreSQL's jsonb cannot hold it
@@ -301,7 +339,7 @@ def check_text(value: Any, field: str, *, required: bool = False, limit: int = M
         raise InvalidInput(field, f"is longer than {limit} characters")
     if "\x00" in value:
         raise InvalidInput(field, "must not contain a NUL character (a zero byte)")
-    return value
+    return check_unicode(value, field)
 
 
 def check_lease(lease: Any) -> int:

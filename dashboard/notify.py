@@ -17,8 +17,11 @@ it, never a producer's or an agent's (DESIGN.md, "Notifications").
 
 The same channel carries revocations ({"revoked": token id}, sql/queries/accounts.sql):
 a subscription made for a token is woken and marked `revoked`, so the token's waiting
-claims and open channels end within moments, in every process; `on_tokens` listeners
-(the token cache) hear of every revocation, and of every lost or re-opened connection.
+claims, open channels and MCP streams end within moments, in every process; `on_tokens`
+listeners (the token cache) hear of every revocation, and of every lost or re-opened
+connection. Dashboard sessions that end (logout, a new password, a removed operator) are
+hinted alike ({"session_ended": the hex of the session id's SHA-256}): a page's stream
+made for that session is marked `revoked` too, as it is when the session expires.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import logging
 from collections.abc import Callable, Iterable
 
 from dashboard import db as dbmod
+from dashboard.accounts import token_hash
 from dashboard.queries import HINTS
 
 log = logging.getLogger("switchboard.notify")
@@ -49,11 +53,20 @@ async def listen_connection(dsn: str):
     return await dbmod.connect(dsn, application_name=APPLICATION_NAME, settings={"synchronous_commit": "off"})
 
 
+def session_key(sid: str) -> str:
+    """How a dashboard session is named in hints: the hex of its id's SHA-256, as stored."""
+    return token_hash(sid).hex()
+
+
 class Subscription:
-    def __init__(self, hub: Hub, queues: Iterable[str] | None, token: str | None = None):
+    def __init__(
+        self, hub: Hub, queues: Iterable[str] | None, token: str | None = None, session: str | None = None
+    ):
         self.hub = hub
         self.queues = frozenset(queues) if queues is not None else None
         self.token = token  # the API token it serves, if any
+        self.session = session  # or the dashboard session (session_key), if any
+        self._expiry: asyncio.TimerHandle | None = None
         self.todo: str | None = None  # a watch's todo (Hub.watch)
         self.revoked = False
         self.hinted: set[str] = set()
@@ -80,6 +93,10 @@ class Subscription:
         self.ended = True
         self._event.set()
 
+    def revoke_after(self, seconds: float) -> None:
+        """Revoked (and woken) `seconds` from now, unless closed first: a session's expiry."""
+        self._expiry = asyncio.get_running_loop().call_later(seconds, self._revoke)
+
     def wake(self) -> None:
         """End a `wait` without a hint (a worker that is stopping)."""
         self._event.set()
@@ -101,6 +118,8 @@ class Subscription:
 
     def close(self) -> None:
         self.hub._subscribers.discard(self)
+        if self._expiry is not None:
+            self._expiry.cancel()
         if self.todo is not None:
             self.hub._unwatch(self)
 
@@ -142,10 +161,12 @@ class Hub:
         for listener in self._token_listeners:
             listener(token_id)
 
-    def subscribe(self, queues: Iterable[str] | None = None, token: str | None = None) -> Subscription:
-        """Hints for `queues` (all queues when None), for API token `token` if one. Close it
-        (or use `with`) when done."""
-        sub = Subscription(self, queues, token)
+    def subscribe(
+        self, queues: Iterable[str] | None = None, token: str | None = None, session: str | None = None
+    ) -> Subscription:
+        """Hints for `queues` (all queues when None), for API token `token` or dashboard
+        session `session` (its session_key) if one. Close it (or use `with`) when done."""
+        sub = Subscription(self, queues, token, session)
         if self._ending:
             sub._end()
         self._subscribers.add(sub)
@@ -195,6 +216,11 @@ class Hub:
                 self._tokens_changed(hint["revoked"])
                 for sub in self._subscribers:
                     if sub.token == hint["revoked"]:
+                        sub._revoke()
+                return
+            if "session_ended" in hint:
+                for sub in self._subscribers:
+                    if sub.session == hint["session_ended"]:
                         sub._revoke()
                 return
             if "todo" in hint:

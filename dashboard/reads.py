@@ -15,7 +15,7 @@ import asyncpg
 import msgspec
 
 from dashboard.db import transaction
-from dashboard.errors import InvalidInput, NotFound
+from dashboard.errors import InvalidInput, NotFound, StatementCancelled
 from dashboard.models import (
     STATES,
     ActorKind,
@@ -23,11 +23,10 @@ from dashboard.models import (
     Scope,
     Todo,
     check_id,
-    check_json_object,
     check_queue,
     check_text,
 )
-from dashboard.payload_search import containments, parse_terms
+from dashboard.payload_search import check_search_object, containments, parse_terms
 from dashboard.queries import READS as SQL
 
 # A list filter's state: the four states, plus the three faces of pending.
@@ -36,11 +35,24 @@ RECENT_SECONDS = 3600  # "done (recent)" on the overview
 THROUGHPUT_MINUTES = 15
 # Queue counts are exact up to this many todos (per queue and count); above it they show
 # the rollup job's last backlog sample (at most SAMPLE_AGE old), marked approximate.
+# A todo read shows its newest HISTORY_SHOWN steps, and an edit's changes up to
+# CHANGES_BYTES_SHOWN bytes: its owner can grow both (a heartbeat is a step; an edit holds two
+# payloads), and every read, wait and open page must stay cheap all the same.
+HISTORY_SHOWN, HISTORY_PAGE_MAX = 100, 1000
+CHANGES_BYTES_SHOWN = 16 * 1024
 EXACT_COUNT_LIMIT = 500
 LEASE_COUNT_LIMIT = 2000  # leases counted, over all queues
 SAMPLED = {"dead": "dead_letters", "claimed": "held"}  # a count's name in the samples
 SAMPLE_AGE = 120.0
 MAX_PAGE = 500
+# A list or search stops after READ_TIMEOUT seconds (TooSlow, a 503): no caller's filter holds
+# a database connection and a core for longer. A search without '=' (an id, an idempotency
+# key, words of a title) is at most MAX_WORDS_SEARCH characters; one shorter than
+# SHORT_SEARCH matches titles that begin with it, since a trigram index finds words inside a
+# title only from three characters on.
+READ_TIMEOUT = 5.0
+MAX_WORDS_SEARCH = 200
+SHORT_SEARCH = 3
 # A lease is short (highlighted on the leases and agents pages) when its time left is under
 # this share of its ttl, or under this many seconds: its agent should have beaten by now.
 SHORT_LEASE_SHARE = 0.2
@@ -54,6 +66,10 @@ _STATE_FILTERS: dict[str | None, tuple[str | None, str | None]] = {
     **{face: ("pending", face) for face in ("ready", "scheduled", "retrying")},
     **{state: (state, None) for state in STATES},
 }
+
+
+class TooSlow(StatementCancelled):
+    """A list or search ran past READ_TIMEOUT and was stopped: a 503, as for a busy database."""
 
 
 class QueueStats(msgspec.Struct, kw_only=True):
@@ -98,8 +114,13 @@ class TodoFilter(msgspec.Struct, kw_only=True):
         for name in ("assignee", "owner", "kind", "search"):
             check_text(getattr(self, name), name)
         if self.payload is not None:
-            check_json_object(self.payload, "payload")
+            check_search_object(self.payload)
         return self
+
+    @property
+    def searches(self) -> bool:
+        """Whether it searches (text or payload): the reads that may cost a scan."""
+        return bool(self.search and self.search.strip()) or self.payload is not None
 
 
 class Page(msgspec.Struct):
@@ -109,6 +130,7 @@ class Page(msgspec.Struct):
 
 
 class HistoryEntry(msgspec.Struct, kw_only=True):
+    id: int  # the step's place in all history: a page of older steps starts before it
     at: datetime
     from_state: str | None
     to_state: str
@@ -117,6 +139,7 @@ class HistoryEntry(msgspec.Struct, kw_only=True):
     attempt: int
     note: str | None
     changes: dict[str, Any] | None = None  # an edit's: field → [old, new]; payload → a diff
+    changes_bytes: int | None = None  # instead of `changes`, when they are over CHANGES_BYTES_SHOWN
 
 
 class QueueAction(msgspec.Struct, kw_only=True):
@@ -139,9 +162,15 @@ class Event(msgspec.Struct, kw_only=True):
 
 class TodoDetail(msgspec.Struct):
     todo: Todo
-    history: list[HistoryEntry]
+    history: list[HistoryEntry]  # the newest HISTORY_SHOWN steps, oldest first
     event: Event | None
     read_at: datetime
+    older_history: bool = False  # there are steps before history[0]
+
+
+class HistoryPage(msgspec.Struct):
+    items: list[HistoryEntry]  # oldest first
+    older: bool  # there are steps before items[0]
 
 
 class Lease(msgspec.Struct, kw_only=True):
@@ -233,7 +262,9 @@ def check_limit(limit: Any) -> int:
 
 
 def _like(term: str) -> str:
-    return "%" + term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+    """The ILIKE pattern of a title search: the term anywhere, or at the start when short."""
+    escaped = term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return escaped + "%" if len(term) < SHORT_SEARCH else "%" + escaped + "%"
 
 
 def _filter_values(filters: TodoFilter) -> dict[str, Any]:
@@ -244,6 +275,10 @@ def _filter_values(filters: TodoFilter) -> dict[str, Any]:
     terms = parse_terms(search)
     if terms is not None:  # a payload search, not an id, a key or a title
         search = None
+    elif search and len(search) > MAX_WORDS_SEARCH:
+        raise InvalidInput(
+            "search", f"is longer than {MAX_WORDS_SEARCH} characters (an id, a key or words of a title)"
+        )
     return {
         "queue": filters.queue,
         "queues": None if filters.queues is None else list(filters.queues),
@@ -254,7 +289,8 @@ def _filter_values(filters: TodoFilter) -> dict[str, Any]:
         "kind": filters.kind,
         "search": search,
         "search_like": _like(search) if search else None,
-        "payload_any": containments(terms, filters.payload),
+        "payload_has": filters.payload,
+        "payload_any": containments(terms),
     }
 
 
@@ -392,19 +428,46 @@ class Reads:
         rows = await SQL.dead_letter_ids.fetch(self.db, queue=queue, cancelled=cancelled)
         return [r["id"] for r in rows]
 
-    async def todo_detail(self, todo_id: str, *, scope: Scope | None = None) -> TodoDetail:
+    async def todo(self, todo_id: str, *, scope: Scope | None = None) -> tuple[Todo, datetime]:
+        """The todo alone, and the database's clock as it was read; a todo outside `scope`
+        is NotFound."""
         row = await SQL.todo.fetchrow(self.db, id=check_id(todo_id))
         if row is None:
             raise NotFound(f"no todo {todo_id}")
         if scope is not None:
             scope.check_todo(todo_id, row["queue"])
-        todo = Todo.from_record(row)
-        history = _of(HistoryEntry, await SQL.history.fetch(self.db, id=todo_id))
+        return Todo.from_record(row), row["read_at"]
+
+    async def todo_detail(self, todo_id: str, *, scope: Scope | None = None) -> TodoDetail:
+        todo, read_at = await self.todo(todo_id, scope=scope)
+        history = await self._history(todo.id, None, HISTORY_SHOWN)
         event = None
         if todo.event_id:
             event_row = await SQL.event.fetchrow(self.db, id=todo.event_id)
             event = Event(**dict(event_row)) if event_row else None
-        return TodoDetail(todo, history, event, row["read_at"])
+        return TodoDetail(todo, history.items, event, read_at, history.older)
+
+    async def history(
+        self,
+        todo_id: str,
+        *,
+        before: int | None = None,
+        limit: int = HISTORY_SHOWN,
+        scope: Scope | None = None,
+    ) -> HistoryPage:
+        """A todo's steps before step `before` (the newest when None), at most `limit`."""
+        if not 1 <= limit <= HISTORY_PAGE_MAX:
+            raise InvalidInput("limit", f"must be 1 to {HISTORY_PAGE_MAX}")
+        if before is not None and before < 1:
+            raise InvalidInput("before", "must be a step's id, a positive whole number")
+        todo, _ = await self.todo(todo_id, scope=scope)
+        return await self._history(todo.id, before, limit)
+
+    async def _history(self, todo_id: str, before: int | None, limit: int) -> HistoryPage:
+        rows = await SQL.history.fetch(
+            self.db, id=todo_id, before=before, limit=limit + 1, changes_max=CHANGES_BYTES_SHOWN
+        )
+        return HistoryPage(_of(HistoryEntry, rows[-limit:]), older=len(rows) > limit)
 
     async def paused_queues(self) -> list[QueuePause]:
         return _of(QueuePause, await SQL.queue_pauses.fetch(self.db))
@@ -425,12 +488,18 @@ class Reads:
     # -- internals -------------------------------------------------------------------
 
     async def _custom_plan(self, statement, **values) -> list:
-        """Run `statement` planned for these values. Pool connections force generic plans
-        (dashboard/db.py, for the claim path); a statement whose optional filters decide
-        which index fits needs its values at planning time."""
+        """Run `statement` planned for these values, stopped after READ_TIMEOUT. Pool
+        connections force generic plans (dashboard/db.py, for the claim path); a statement
+        whose optional filters decide which index fits needs its values at planning time."""
         async with transaction(self.db) as conn:
-            await SQL.plan_for_values.execute(conn)
-            return await statement.fetch(conn, **values)
+            await SQL.plan_for_values.execute(conn, timeout=f"{READ_TIMEOUT * 1000:.0f}")
+            try:
+                return await statement.fetch(conn, **values)
+            except StatementCancelled as exc:
+                raise TooSlow(
+                    f"the list took over {READ_TIMEOUT:g} s and was stopped: narrow it (a queue, a "
+                    "state, longer search words) or try again later"
+                ) from exc
 
     @staticmethod
     def _page(rows: list, limit: int, newest_by: str) -> Page:

@@ -34,6 +34,7 @@ from dashboard.errors import (
     Conflict,
     DatabaseUnavailable,
     InvalidInput,
+    NotAllowed,
     NotFound,
     Stale,
     SwitchboardError,
@@ -68,7 +69,7 @@ from dashboard.models import (
 )
 from dashboard.queries import HINTS, READS
 from dashboard.queries import TRANSITIONS as SQL
-from dashboard.reads import HistoryEntry
+from dashboard.reads import CHANGES_BYTES_SHOWN, HistoryEntry
 
 log = logging.getLogger("switchboard.store")
 MAX_BATCH = 1000
@@ -161,12 +162,14 @@ class Store:
         ids: list[str] = []
         rows: dict[Any, tuple[str, NewTodo, tuple[str, str | None]]] = {}
         extra_hits: dict[str, int] = {}
+        untils: list[datetime | None] = []  # each item's assignee_until
         for i, (item, todo_id) in enumerate(zip(items, new_ids("td_", len(items)), strict=True)):
             try:
                 encoded = check_new_todo(item)
             except InvalidInput as exc:
                 field = f"todos[{i}].{exc.field}" if len(items) > 1 else exc.field
                 raise type(exc)(field, exc.message) from None
+            untils.append(encoded.assignee_until)
             slot = (item.queue, item.idempotency_key) if item.idempotency_key else todo_id
             if slot in rows:
                 first_id = rows[slot][0]
@@ -176,6 +179,12 @@ class Store:
                 rows[slot] = (todo_id, item, encoded)
                 extra_hits[todo_id] = 0
                 ids.append(todo_id)
+        if actor.kind == "agent" and any(untils):
+            now = (await SQL.assignment_facts.fetchrow(self.db, assignee=None))["now"]
+            for i, until in enumerate(untils):
+                _fallback_ahead(
+                    until, now, f"todos[{i}].assignee_until" if len(items) > 1 else "assignee_until"
+                )
         ordered = sorted(rows.values(), key=lambda r: (r[1].queue, r[1].idempotency_key or ""))
         with_events = [(tid, it, enc) for tid, it, enc in ordered if it.event]
         events = {
@@ -941,7 +950,9 @@ async def _unchanged(db, todo: Todo, version: str | None) -> None:
     what changed it since: who, when, what, from its history."""
     if version is None or version == todo.version:
         return
-    rows = await READS.history_since.fetch(db, id=todo.id, since=check_version(version), limit=CHANGES_SHOWN)
+    rows = await READS.history_since.fetch(
+        db, id=todo.id, since=check_version(version), limit=CHANGES_SHOWN, changes_max=CHANGES_BYTES_SHOWN
+    )
     rows.reverse()
     untold = rows[0]["total"] - len(rows) if rows else 0
     told = [
@@ -992,6 +1003,8 @@ async def _edit(
         changes["run_at"] = [_plain(todo.ready_at), _plain(run_at)]
     if not changes:
         return todo
+    if actor.kind == "agent" and changes.keys() & {"assignee", "assignee_until"}:
+        await _agent_may_reassign(db, todo, new["assignee_until"])
     record = await SQL.edit.fetchrow(
         db,
         id=todo_id,
@@ -1007,6 +1020,28 @@ async def _edit(
         await _unchanged(db, await _read(db, todo_id, scope), version)
         raise Conflict(f"cannot edit todo {todo_id}: it changed while the edit was made; read it again")
     return Todo.from_record(record)
+
+
+async def _agent_may_reassign(db, todo: Todo, until: datetime | None) -> None:
+    """A todo assigned to a person is theirs until its fallback (DESIGN, "Assignment"):
+    only an operator may reassign it before then, and an agent's fallback must lie ahead,
+    or the todo would go to any agent at once. The edit's guard (the version read) makes
+    the check hold at the write."""
+    facts = await SQL.assignment_facts.fetchrow(db, assignee=todo.assignee)
+    if facts["person"] and (todo.assignee_until is None or todo.assignee_until > facts["now"]):
+        until_then = f" until {todo.assignee_until.isoformat()}" if todo.assignee_until else ""
+        raise NotAllowed(
+            f"todo {todo.id} is assigned to {todo.assignee}, a person{until_then}: "
+            "only an operator may reassign it before then"
+        )
+    _fallback_ahead(until, facts["now"], "assignee_until")
+
+
+def _fallback_ahead(until: datetime | None, now: datetime, field: str) -> None:
+    if until is not None and until <= now:
+        raise InvalidInput(
+            field, "must be in the future: a fallback already past hands the todo to any agent at once"
+        )
 
 
 def payload_diff(old: dict, new: dict) -> dict:

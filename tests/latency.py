@@ -53,7 +53,9 @@ class Pulse:
         with httpx.Client(base_url=self.base, headers=self.headers, timeout=60) as client:
             for _ in range(beats):
                 began = time.perf_counter()
-                answer = client.post(f"/api/v1/todos/{self.todo_id}/heartbeat", json={"lease": self.lease, "ttl": 600})
+                answer = client.post(
+                    f"/api/v1/todos/{self.todo_id}/heartbeat", json={"lease": self.lease, "ttl": 600}
+                )
                 times.append(time.perf_counter() - began)
                 assert answer.status_code == 200, answer.text
         return statistics.quantiles(times, n=100)[98]
@@ -85,4 +87,3 @@ async def assert_heartbeats_hold(base: str, dsn: str, attack: Callable[[], Await
         f" load average {os.getloadavg()}"
     )
     assert min(loaded) <= FACTOR * max(alone, FLOOR), (alone, loaded)
-

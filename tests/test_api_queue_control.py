@@ -345,7 +345,11 @@ async def test_create_with_a_delay_schedules_the_todo_that_many_seconds_ahead(ap
 async def test_an_assignee_until_lets_any_agent_claim_once_it_has_passed(api_client, module_pool, bot):
     now = await db_now(module_pool)
     open_now = await create(
-        api_client, bot, title="hers no more", assignee="olga", assignee_until=iso(now - timedelta(minutes=1))
+        api_client, bot, title="hers no more", assignee="olga", assignee_until=iso(now + timedelta(minutes=1))
+    )
+    # an agent cannot give a fallback already past: the minute passes on the database's clock
+    await module_pool.execute(
+        "UPDATE todos SET assignee_until = now() - interval '1 minute' WHERE id = $1", open_now["id"]
     )
     held_back = await create(
         api_client, bot, title="still hers", assignee="olga", assignee_until=iso(now + timedelta(hours=1))

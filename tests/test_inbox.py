@@ -166,7 +166,7 @@ async def test_a_result_is_a_json_object_as_it_is_any_other_text_a_note(client, 
         client, f"/inbox/{todo.id}/complete", token, {"lease": str(todo.lease_token), "result": typed}
     )
     assert response.status_code == 303 and response.headers["location"] == "/inbox"  # without htmx
-    assert "“approve refund #42” is done" in flash_of((await client.get("/inbox")).text)
+    assert "“\u2068approve refund #42\u2069” is done" in flash_of((await client.get("/inbox")).text)
     assert (await todo_row(pool, todo.id)).result == stored
 
 

@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from dashboard import db
+from dashboard.errors import StatementCancelled
+from dashboard.web.errors import status_of
 from tests.factories import agent_token, login
 from tests.web_helpers import post
 
@@ -75,3 +80,21 @@ async def test_a_read_only_database_answers_503_with_retry_after_and_recovers_wi
     )
     assert await conn.fetchval("SELECT count(*) FROM todos") == 1
     assert (await until(lambda: client.get("/readyz"), lambda r: r.status_code == 200)).json()["ready"]
+
+
+async def test_a_statement_the_database_stops_is_a_503_and_keeps_its_connection(dsn):
+    """statement_timeout (our reads' own, or one an administrator set) stops a statement
+    with QueryCanceledError, an "operator intervention" like a shutdown: it is a 503 like
+    one (StatementCancelled), but the connection is fine and goes back to the pool."""
+    pool = await db.create_pool(dsn, min_size=1, max_size=1)
+    try:
+        before = await pool.fetchval("SELECT pg_backend_pid()")
+        with pytest.raises(StatementCancelled) as stopped:
+            async with db.transaction(pool) as conn:
+                await conn.execute("SET LOCAL statement_timeout = 50")
+                await conn.execute("SELECT pg_sleep(5)")
+        assert status_of(stopped.value) == 503
+        async with db.connection(pool) as conn:
+            assert await conn.fetchval("SELECT pg_backend_pid()") == before
+    finally:
+        await pool.close()

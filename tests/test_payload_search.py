@@ -159,6 +159,7 @@ async def test_payload_search_pages_by_keyset_and_matches_the_bulk_selection(mod
         ("a= 1", "needs a value"),
         ('a="\\u0000"', "NUL"),
         (" ".join(f"k{i}=1" for i in range(9)), "at most 8"),
+        (" ".join(f"k{i}=1" for i in range(5)), "too many bare numbers"),  # 2**5 objects to contain
     ],
 )
 async def test_a_malformed_search_is_refused_naming_the_search(module_pool, search, says):

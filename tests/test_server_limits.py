@@ -4,7 +4,8 @@ A client that never completes its request head (idle, or half a header, on a fre
 keep-alive connection) is closed at SWITCHBOARD_HEADER_TIMEOUT; a response that runs long
 (a long-poll claim, an SSE stream) is not. Beyond SWITCHBOARD_MAX_CONNECTIONS a request is
 answered 503, and service comes back when connections close. X-Forwarded-For counts only
-from SWITCHBOARD_TRUSTED_PROXIES. Bad settings are usage errors.
+from SWITCHBOARD_TRUSTED_PROXIES, which may not trust every address. Bad settings are usage
+errors.
 """
 
 from __future__ import annotations
@@ -286,6 +287,11 @@ def switchboard_serve(env: dict[str, str], **popen) -> subprocess.CompletedProce
         ("SWITCHBOARD_MAX_CONNECTIONS", "2.5", "'2.5' is not a whole number of connections"),
         ("SWITCHBOARD_TRUSTED_PROXIES", "10.0.0.1,10.0.0.l", "'10.0.0.l' is not an IP address or network"),
         ("SWITCHBOARD_TRUSTED_PROXIES", "10.0.0.1/8", "has host bits set"),
+        # every address trusted: any client could name its own and escape the per-address limits
+        ("SWITCHBOARD_TRUSTED_PROXIES", "*", "'*' would let any client choose its own address"),
+        ("SWITCHBOARD_TRUSTED_PROXIES", "10.0.0.1, 0.0.0.0/0", "covers every IPv4 address"),
+        ("SWITCHBOARD_TRUSTED_PROXIES", "::/0", "covers every IPv6 address"),
+        ("SWITCHBOARD_TRUSTED_PROXIES", "0.0.0.0/1,128.0.0.0/1", "covers every IPv4 address"),
     ],
 )
 def test_a_bad_setting_is_a_usage_error_that_names_it(module_db, name, value, says):

@@ -64,7 +64,7 @@ async def test_creating_a_todo_redirects_to_its_queue_and_stores_it_with_its_ass
     assert todo.idempotency_key is None
     assert (await history(pool, todo.id))[0][2:4] == ("operator", "olga")
     queue_page = await client.get("/queues/mail")
-    assert f"created {todo.id}: Call the customer" in flash_of(queue_page.text)
+    assert f"created {todo.id}: \u2068Call the customer\u2069" in flash_of(queue_page.text)
     assert todo.id in ids_in(queue_page.text)
 
 

@@ -29,7 +29,7 @@ async def test_an_operator_pauses_and_resumes_a_queue_from_its_page(client, pool
     assert response.status_code == 303 and response.headers["location"] == "/queues/mail"
     page = text(await client.get("/queues/mail"))
     assert "queue mail paused" in flash_of(page)
-    assert re.search(r"Paused\s+by olga [^:]*: SMTP down", text_of(page))
+    assert re.search(r"Paused\s+by\s+olga [^:]*:\s+SMTP down", text_of(page))
     assert 'action="/queues/mail/resume"' in page
     overview = text(await get_page(client, "/"))
     assert re.search(r'data-queue="mail".*?<span class="tag paused"', overview, re.S)
@@ -262,7 +262,7 @@ async def test_the_dead_letters_page_shows_hides_or_shows_only_cancelled_ones(cl
     cancelled = await store.cancel((await enqueue(store, "mail")).id, OP, "no longer needed")
     both = (await get_page(client, "/dead")).text
     assert died.id in both and cancelled.id in both
-    assert "cancelled by olga: no longer needed" in text(await client.get("/dead"))
+    assert "cancelled by <bdi>olga</bdi>: <bdi>no longer needed</bdi>" in text(await client.get("/dead"))
     hidden = (await get_page(client, "/dead?cancelled=hide")).text
     assert died.id in hidden and cancelled.id not in hidden
     only = (await get_page(client, "/dead?cancelled=only")).text
@@ -332,7 +332,7 @@ async def test_a_stale_save_comes_back_409_with_the_input_kept_and_saving_again_
     conflict = re.search(r'<div class="flash error conflict" id="conflict".*?</div>', text(response), re.S)
     assert conflict and "changed after you opened this form" in conflict.group(0)
     assert re.search(
-        r"operator</small> sam</span>\s*<span class=\"muted\">attempt 0</span>", conflict.group(0)
+        r"operator</small> <bdi>sam</bdi></span>\s*<span class=\"muted\">attempt 0</span>", conflict.group(0)
     )
     assert "edited: title old → sam's" in conflict.group(0)
     assert all(f'value="{v}"' in text(response) for v in ("olga's", "call", "3"))

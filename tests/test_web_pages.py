@@ -343,7 +343,7 @@ async def test_the_todo_page_shows_fields_pretty_json_history_and_the_linked_eve
     assert "agent mailer-1" in said[2] and "SMTP timeout" in said[2]
     event_id = (await todo_row(pool, todo.id)).event_id
     assert event_id and event_id in body
-    assert "shop · user.signup" in body and '"user": 77' in body
+    assert "<bdi>shop</bdi> · <bdi>user.signup</bdi>" in body and '"user": 77' in body
 
 
 async def test_the_todo_partial_is_the_detail_fragment_alone(client, pool, store):

@@ -21,6 +21,7 @@ from dashboard.store import Store
 from dashboard.web.auth import operators_only
 from dashboard.web.pages import leases_context, todo_context, tokens_view
 from dashboard.web.responses import after_action, redirect, render
+from dashboard.web.templating import isolated
 
 # A payload may be MAX_JSON_BYTES of JSON, and URL-encoding can triple it; other forms
 # keep the dashboard's 64 KiB (app.py).
@@ -157,7 +158,7 @@ async def create_todo(request: Request, store: NamedDependency[Store]) -> Templa
                     "this is it (the duplicate was counted, nothing new was created).",
                     "info",
                 )
-            return redirect(request, f"/queues/{todo.queue}", f"created {todo.id}: {todo.title}")
+            return redirect(request, f"/queues/{todo.queue}", f"created {todo.id}: {isolated(todo.title)}")
     return render(request, "create.html", status=422, values=values, errors=errors, flash=None)
 
 

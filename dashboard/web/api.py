@@ -6,6 +6,8 @@ it may use, which the store checks on every call. Every handler takes one depend
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Annotated
 
 from litestar import Request, Response, Router, get, patch, post
@@ -20,11 +22,20 @@ from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED, HTTP_204_NO_CON
 from dashboard.errors import InvalidInput
 from dashboard.models import MAX_WAIT, Ack, Actor, NewTodo, QueuePause, Todo, TodoEdit, check_queues
 from dashboard.payload_search import check_payload
-from dashboard.reads import LIST_STATES, MAX_PAGE, TodoFilter
+from dashboard.reads import (
+    CHANGES_BYTES_SHOWN,
+    HISTORY_PAGE_MAX,
+    HISTORY_SHOWN,
+    LIST_STATES,
+    MAX_PAGE,
+    HistoryPage,
+    TodoFilter,
+)
 from dashboard.web.auth import Caller, require_agent
 from dashboard.web.errors import problem_of
 from dashboard.web.live import channel_stream, claim_waiting
-from dashboard.web.presence import watching
+from dashboard.web.long_requests import long_requests, of_token, release_held
+from dashboard.web.presence import Presence, watching
 from dashboard.web.schemas import (
     BAD_INPUT,
     MAX_HTTP_BATCH,
@@ -53,6 +64,7 @@ from dashboard.web.schemas import (
     TodoOut,
     TodoPage,
 )
+from dashboard.web.searches import SEARCHES
 from dashboard.web.waits import wait_for_todo
 
 
@@ -88,7 +100,9 @@ async def create_batch(data: JSONBody[BatchIn], caller: NamedDependency[Caller])
     description="Claim order: the highest priority first, the longest ready first within it; paused "
     "queues are skipped. With `wait` (seconds, up to 60) the request blocks until work arrives. Without "
     '`max`: the todo, or 204 when none came in time. With `max` (1 to 100): `{"todos": [...]}`, in claim '
-    "order, up to `max` of them, and `[]` when none came in time.",
+    "order, up to `max` of them, and `[]` when none came in time. A claim that waits is one of the "
+    "token's long requests (waits, channels, MCP streams), at most SWITCHBOARD_MAX_WAITS_PER_TOKEN "
+    "(100) open at once per server process: one more is a 429.",
     responses={
         204: ResponseSpec(data_container=None, description="No todo came within `wait` (without `max`)"),
         **BAD_INPUT,
@@ -101,7 +115,7 @@ async def claim_next(
     if isinstance(n, bool) or not 1 <= n <= MAX_HTTP_BATCH:
         raise InvalidInput("max", f"must be a whole number from 1 to {MAX_HTTP_BATCH}")
     known, agent = caller.services, caller.agent
-    async with watching(request.receive, waits=data.wait != 0) as presence:
+    async with _long(request, caller, waits=data.wait != 0) as presence:
         todos = await claim_waiting(
             known.store,
             known.hub,
@@ -119,6 +133,15 @@ async def claim_next(
     if not todos:
         return Response(None, status_code=HTTP_204_NO_CONTENT)
     return Response(TodoOut.of(todos[0]), status_code=HTTP_200_OK)
+
+
+@asynccontextmanager
+async def _long(request: Request, caller: Caller, *, waits: bool) -> AsyncIterator[Presence]:
+    """Around a request that may wait: one of the token's long requests (429 past the bound,
+    long_requests.py) while it `waits`, and whether its client is still there."""
+    with long_requests(request.scope).slot(of_token(caller.scope.token_id), waits=waits):
+        async with watching(request.receive, waits=waits) as presence:
+            yield presence
 
 
 @post(
@@ -244,7 +267,8 @@ def _tagged(body, todo: Todo) -> Response:
     "finished — `done` with its `result`, or `failed` (dead-lettered or cancelled) with its "
     "`last_error` — and answers it at once then, or after `wait` seconds as it is by then (look at "
     "`state`). A failed attempt that will be retried is pending again: the wait goes on. The "
-    "`ETag` is the version of the todo answered: an edit sends it back in `If-Match`.",
+    "`ETag` is the version of the todo answered: an edit sends it back in `If-Match`. A wait is one "
+    "of the token's long requests (429 past the bound: see POST /claims).",
     responses=ON_TODO,
     response_headers=[ETAG],
 )
@@ -261,10 +285,27 @@ async def get_todo(
     ] = "0",
 ) -> Response[TodoDetailOut]:
     seconds = _seconds(wait)
-    async with watching(request.receive, waits=seconds != 0) as presence:
+    async with _long(request, caller, waits=seconds != 0) as presence:
         detail = await wait_for_todo(caller.services, todo_id, seconds, caller.scope, presence=presence)
-    out = TodoDetailOut(todo=TodoOut.of(detail.todo), history=detail.history, event=detail.event)
-    return _tagged(out, detail.todo)
+    return _tagged(TodoDetailOut.of(detail), detail.todo)
+
+
+@get(
+    "/todos/{todo_id:str}/history",
+    summary="A todo's history, a page at a time (newest page first, steps oldest first in it)",
+    description=f"A todo read shows its newest {HISTORY_SHOWN} steps; this pages back through the "
+    "rest: pass `before`, the `id` of the oldest step you have. `older` says whether there are "
+    f"steps before this page. An edit's `changes` over {CHANGES_BYTES_SHOWN // 1024} KiB of JSON "
+    "are left out and `changes_bytes` gives their size.",
+    responses=ON_TODO,
+)
+async def todo_history(
+    todo_id: FromPath[str],
+    caller: NamedDependency[Caller],
+    before: Annotated[int | None, Parameter(description="the `id` of a step: only steps before it")] = None,
+    limit: Annotated[int, Parameter(ge=1, le=HISTORY_PAGE_MAX)] = HISTORY_SHOWN,
+) -> HistoryPage:
+    return await caller.services.reads.history(todo_id, before=before, limit=limit, scope=caller.scope)
 
 
 def _seconds(text: str) -> float | str:
@@ -318,19 +359,23 @@ async def list_todos(
         search=search,
         payload=None if payload is None else check_payload(payload),
     )
-    result = await caller.services.reads.list_todos(filters, limit=limit, after=after)
+    with SEARCHES.slot(f"agent:{caller.name}", filters):
+        result = await caller.services.reads.list_todos(filters, limit=limit, after=after)
     return TodoPage(items=[TodoOut.of(t) for t in result.items], next=result.next_cursor)
 
 
 @get(
     "/channels",
+    middleware=[release_held],
     summary="Server-Sent Events: a hint whenever work may be claimable",
     description='Events: `hint` (data: {"queue": …}), `resync` (hints may have been lost: '
-    "try to claim), and keepalive comments every 15 s.",
+    "try to claim), and keepalive comments every 15 s. The stream ends when the token is revoked. "
+    "It is one of the token's long requests (429 past the bound: see POST /claims).",
     responses=BAD_INPUT,
 )
 async def channels(
     caller: NamedDependency[Caller],
+    request: Request,
     queues: Annotated[
         str | None,
         Parameter(
@@ -340,6 +385,7 @@ async def channels(
 ) -> ServerSentEvent:
     names = check_queues([q.strip() for q in (queues or "").split(",") if q.strip()])
     caller.scope.check(names)
+    long_requests(request.scope).hold(request.scope, of_token(caller.scope.token_id))
     known = caller.services
     return ServerSentEvent(channel_stream(known.hub, known.accounts, names, caller.scope))
 
@@ -497,6 +543,7 @@ router = Router(
         run_now,
         edit_todo,
         get_todo,
+        todo_history,
         list_todos,
         channels,
     ],

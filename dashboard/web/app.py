@@ -11,13 +11,12 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 from litestar import Litestar, Request, Router, get
-from litestar.connection import ASGIConnection
-from litestar.datastructures import MutableScopeHeaders, State
-from litestar.di import NamedDependency, Provide
-from litestar.exceptions import NotFoundException
-from litestar.handlers import BaseRouteHandler
+from litestar.datastructures import CacheControlHeader, MutableScopeHeaders, State
+from litestar.di import Provide
+from litestar.file_system import BaseLocalFileSystem
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.plugins.htmx import HTMXPlugin
@@ -25,7 +24,8 @@ from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.response import ServerSentEvent
 from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
-from litestar.types import Message, Scope
+from litestar.types import Message, PathType, Scope
+from litestar.types.file_types import FileInfo
 from prometheus_client import disable_created_metrics
 
 from dashboard.accounts import Accounts
@@ -44,7 +44,15 @@ from dashboard.web.csrf import CSRFMiddleware
 from dashboard.web.docs import SwaggerUIPage
 from dashboard.web.errors import EXCEPTION_HANDLERS
 from dashboard.web.live import page_stream
-from dashboard.web.services import Services
+from dashboard.web.long_requests import (
+    PER_CREDENTIAL,
+    LongRequests,
+    long_requests,
+    of_session,
+    per_credential,
+    release_held,
+)
+from dashboard.web.services import Services, services
 from dashboard.web.sessions import is_https, save_flash
 from dashboard.web.stats_cache import StatsCache
 from dashboard.web.token_cache import TokenCache
@@ -62,11 +70,14 @@ DOCS_PATH = "/api/v1/docs"
 
 @dataclass
 class WebConfig:
-    """What every web process must agree on: the CSRF keys (current first), and whether
-    the public address is HTTPS (SWITCHBOARD_PUBLIC_URL)."""
+    """The web app's settings: what every web process must agree on, the CSRF keys (current
+    first) and whether the public address is HTTPS (SWITCHBOARD_PUBLIC_URL); and the most
+    long requests a token or a session may have open at once in this process
+    (SWITCHBOARD_MAX_WAITS_PER_TOKEN)."""
 
     csrf_keys: tuple[bytes, ...]
     public_https: bool = False
+    long_requests_per_credential: int = PER_CREDENTIAL
 
 
 class ConfigError(SwitchboardError):
@@ -92,7 +103,11 @@ async def load_config(db: Database, environ: Mapping[str, str] = os.environ) -> 
         keys = [await Accounts(db.pool).secret("csrf", 32)]
     if environ.get("SWITCHBOARD_SECRET_KEY_OLD"):
         keys.append(_key(environ["SWITCHBOARD_SECRET_KEY_OLD"], "SWITCHBOARD_SECRET_KEY_OLD"))
-    return WebConfig(csrf_keys=tuple(keys), public_https=public.startswith("https://"))
+    return WebConfig(
+        csrf_keys=tuple(keys),
+        public_https=public.startswith("https://"),
+        long_requests_per_credential=per_credential(environ),
+    )
 
 
 async def security_headers(message: Message, scope: Scope) -> None:
@@ -110,16 +125,24 @@ async def security_headers(message: Message, scope: Scope) -> None:
             headers["Strict-Transport-Security"] = HSTS
 
 
-def no_nul(connection: ASGIConnection, _: BaseRouteHandler) -> None:
-    """A NUL in a static path is a 404 (the file system would raise on it: a 500)."""
-    if "\x00" in connection.scope["path"]:
-        raise NotFoundException()
+class StaticFiles(BaseLocalFileSystem):
+    """static/, where a path no file can have is not found (404), not a failure (500): a
+    NUL, a name longer than the file system takes, a file used as a folder (app.js/x)."""
+
+    async def info(self, path: PathType, **kwargs: Any) -> FileInfo:
+        try:
+            return await super().info(path, **kwargs)
+        except (OSError, ValueError) as exc:  # ValueError: an embedded NUL
+            raise FileNotFoundError(path) from exc
 
 
-@get("/events")
-async def events(request: Request, hub: NamedDependency[Hub]) -> ServerSentEvent:
-    """Hints for open pages (dashboard/web/live.py)."""
-    return ServerSentEvent(page_stream(hub, request.app.template_engine))
+@get("/events", middleware=[release_held])
+async def events(request: Request) -> ServerSentEvent:
+    """Hints for open pages (dashboard/web/live.py), for as long as their session lasts."""
+    known, sid = services(request), request.scope["session_id"]
+    long_requests(request.scope).hold(request.scope, of_session(sid))
+    left = await known.accounts.session_left(sid) or 0  # 0: it ended just now
+    return ServerSentEvent(page_stream(known.hub, known.accounts, request.app.template_engine, sid, left))
 
 
 def _provide(name: str) -> Provide:
@@ -180,14 +203,24 @@ def create_app(dsn: str, config: WebConfig, *, reaper: bool = True, pool_size: i
                 before_request=require_login,
                 include_in_schema=False,
                 request_max_body_size=FORM_BODY,
+                cache_control=CacheControlHeader(no_store=True),  # payloads, names: never in a cache
             ),
             api.router,
             mcp.route,
             create_static_files_router(
-                path="/static", directories=[PACKAGE / "static"], include_in_schema=False, guards=[no_nul]
+                path="/static",
+                directories=[PACKAGE / "static"],
+                include_in_schema=False,
+                file_system=StaticFiles(),
             ),
         ],
-        state=State({"csrf_keys": config.csrf_keys, "public_https": config.public_https}),
+        state=State(
+            {
+                "csrf_keys": config.csrf_keys,
+                "public_https": config.public_https,
+                "long_requests": LongRequests(config.long_requests_per_credential),
+            }
+        ),
         dependencies=DEPENDENCIES,
         template_config=TemplateConfig(
             directory=PACKAGE / "templates", engine=JinjaTemplateEngine, engine_callback=templating.configure

@@ -114,8 +114,7 @@ def local_utc(at: datetime | None) -> str:
 
 @get("/todos/{todo_id:str}/edit", **takes("retry"))
 async def edit_page(request: Request, reads: NamedDependency[Reads], todo_id: FromPath[str]) -> Template:
-    detail = await reads.todo_detail(todo_id)
-    todo = detail.todo
+    todo, read_at = await reads.todo(todo_id)
     values = {
         "title": todo.title,
         "kind": todo.kind or "",
@@ -130,9 +129,7 @@ async def edit_page(request: Request, reads: NamedDependency[Reads], todo_id: Fr
         "version": todo.version,  # what the form was drawn from: a save checks it is still so
     }
     retry = request.query_params.get("retry") == "1" and todo.state == "failed"
-    return page(
-        request, "edit.html", todo=todo, read_at=detail.read_at, values=values, errors={}, retry=retry
-    )
+    return page(request, "edit.html", todo=todo, read_at=read_at, values=values, errors={}, retry=retry)
 
 
 def _number(text: str) -> int | str:
@@ -174,8 +171,8 @@ async def edit_todo(
     if not payload_error:
         fields["payload"] = payload
     edit = TodoEdit(**fields)
-    detail = await reads.todo_detail(todo_id)
-    errors = edit_problems(_as_retried(detail.todo, retry), edit)
+    current, read_at = await reads.todo(todo_id)
+    errors = edit_problems(_as_retried(current, retry), edit)
     if payload_error:
         errors["payload"] = payload_error
     status, conflict = 422, None
@@ -198,8 +195,8 @@ async def edit_todo(
         request,
         "edit.html",
         status=status,
-        todo=detail.todo,
-        read_at=detail.read_at,
+        todo=current,
+        read_at=read_at,
         values=values,
         errors=errors,
         conflict=conflict,

@@ -3,24 +3,30 @@ JSON callers, a page (or an htmx fragment) for browsers. Never a stack trace."""
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 
 import asyncpg
 from litestar import MediaType, Request, Response
-from litestar.exceptions import HTTPException, NotAuthorizedException
+from litestar.exceptions import ClientException, HTTPException, NotAuthorizedException, SerializationException
 from litestar.exceptions import ValidationException as LitestarValidation
 from litestar.response import Template
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
+from litestar.types import Empty
+from litestar.utils.scope.state import ScopeState
 
 from dashboard.errors import (
     Conflict,
     DatabaseUnavailable,
     InvalidInput,
+    NotAllowed,
     NotFound,
     OutOfScope,
     SwitchboardError,
     TooLarge,
 )
+from dashboard.models import SURROGATE_MESSAGE, surrogate_path
 from dashboard.web.auth import LoginRequired, to_login
 
 log = logging.getLogger("switchboard.web")
@@ -30,6 +36,7 @@ RETRY_AFTER = 2  # seconds, on a 503 for a database that is away or read-only
 _STATUS = [
     (NotFound, 404),
     (OutOfScope, 403),
+    (NotAllowed, 403),
     (Conflict, 409),
     (TooLarge, 413),
     (InvalidInput, 422),
@@ -56,6 +63,8 @@ _TITLES = {
 def status_of(exc: Exception) -> int:
     if isinstance(exc, LitestarValidation) and _unknown_field(exc):
         return 422  # well-formed JSON naming a field we do not take: invalid input, as out of bounds
+    if _undecodable(exc):
+        return 400
     if isinstance(exc, HTTPException):
         return exc.status_code
     for kind, status in _STATUS:
@@ -70,6 +79,8 @@ def detail_of(exc: Exception, status: int) -> tuple[str, dict]:
         return "the server failed to handle this request; it has been logged", {}
     if isinstance(exc, InvalidInput):
         return str(exc), {"field": exc.field}
+    if isinstance(exc, DatabaseUnavailable):
+        return exc.public, {}
     if isinstance(exc, Conflict):
         return str(exc), {**{k: v for k, v in exc.current.items() if v is not None}, **problem_type(exc)}
     if isinstance(exc, LitestarValidation):
@@ -82,9 +93,17 @@ def detail_of(exc: Exception, status: int) -> tuple[str, dict]:
         return exc.detail, {}
     if isinstance(exc, RecursionError):
         return "the JSON is nested too deeply (arrays and objects inside each other)", {}
+    if _undecodable(exc):
+        return "a part of this form is not text in the character set it names (send UTF-8)", {}
     if isinstance(exc, asyncpg.DataError):  # the input checks should have caught it first
         return f"a value in this request cannot be stored or searched for ({exc})", {}
     return str(exc), {}
+
+
+def _undecodable(exc: Exception) -> bool:
+    """A multipart form part that is not text in its charset, or names no charset Python
+    knows (the codec lookup's own LookupError, not a KeyError)."""
+    return isinstance(exc, UnicodeDecodeError) or (type(exc) is LookupError and "encoding" in str(exc))
 
 
 def _unknown_field(exc: LitestarValidation) -> bool:
@@ -121,16 +140,36 @@ def problem(status: int, detail: str, headers: dict | None = None, **extra) -> R
     return Response(body, status_code=status, media_type=PROBLEM, headers=headers)
 
 
+_SURROGATE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")  # its escape, or its UTF-8 bytes
+
+
+def located(request: Request, exc: Exception) -> Exception:
+    """A JSON body msgspec could not decode because it holds a lone surrogate ("\\ud800",
+    which msgspec reports as "Input data was truncated", or a bad pair): the field that
+    holds it, found by Python's decoder, which takes one."""
+    if not isinstance(exc, ClientException) or not isinstance(exc.__cause__, SerializationException):
+        return exc
+    body = ScopeState.from_scope(request.scope).body
+    if body is Empty or not _SURROGATE_BYTES.search(body):
+        return exc  # decode again only a body that may hold one
+    try:
+        path = surrogate_path(json.loads(body))
+    except (ValueError, RecursionError):
+        return exc
+    return exc if path is None else InvalidInput(path, SURROGATE_MESSAGE)
+
+
 def handle(request: Request, exc: Exception) -> Response:
     if isinstance(exc, LoginRequired) and not wants_json(request):
         return to_login(request)
+    exc = located(request, exc)
     status = status_of(exc)
     if isinstance(exc, DatabaseUnavailable):
         log.warning("%s %s: %s", request.method, request.url.path, exc)
     elif status >= 500:
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     detail, extra = detail_of(exc, status)
-    headers = {}
+    headers = {"Cache-Control": "no-store"}  # it may repeat what was sent (a payload, a name)
     if isinstance(exc, HTTPException) and exc.headers:
         headers.update(exc.headers)
     if isinstance(exc, DatabaseUnavailable):

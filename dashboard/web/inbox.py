@@ -30,7 +30,7 @@ from dashboard.web.auth import operators_only
 from dashboard.web.errors import status_of
 from dashboard.web.pages import takes
 from dashboard.web.responses import after_action, page, render
-from dashboard.web.templating import ago, duration, field_error
+from dashboard.web.templating import ago, duration, field_error, isolated
 
 KEPT = ("result", "reason", "assignee")  # what a person typed, kept when an action is refused
 FIELDS = {"error": "reason"}  # a Store field as the form names it
@@ -136,7 +136,7 @@ async def _act(
 
 
 def _named(todo: Todo) -> str:
-    return f"“{todo.title}”"
+    return f"“{isolated(todo.title)}”"  # an agent's title: its bidi controls stay inside
 
 
 def _whose(todo: Todo, request: Request) -> str:

@@ -2,7 +2,9 @@
 channels (/api/v1/channels), each with its own encoder, and the long-poll claim.
 
 Both streams come from a hub subscription (dashboard/notify.py): a hint says only "work
-may have changed in queue q", and a resync that hints may have been lost meanwhile.
+may have changed in queue q", and a resync that hints may have been lost meanwhile. Each
+ends with its credential: a channel when its token is revoked, a page's stream when its
+session ends (logout, a new password, a removed operator) or expires, in every process.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from litestar.template import TemplateEngineProtocol
 from dashboard.accounts import Accounts
 from dashboard.backoff import spread_wait
 from dashboard.models import Scope, Todo, check_wait
-from dashboard.notify import Hub, Subscription
+from dashboard.notify import Hub, Subscription, session_key
 from dashboard.store import Store
 from dashboard.web.presence import Presence
 
@@ -46,8 +48,8 @@ async def hint_stream(
     """`first`, then `encode(hinted queues, resync)` for each wake-up, a keepalive comment
     every KEEPALIVE seconds of quiet; a burst within `min_interval` becomes one wake-up.
     Ends when the process stops (the hub ends the subscription), or when `still_allowed`
-    (asked at every resync and keepalive, and at once when the hub says the token was
-    revoked) says no."""
+    (asked at every resync and keepalive, and at once when the hub says the credential
+    ended: a token revoked, a session ended or expired) says no."""
     with sub:
         yield first
         loop = asyncio.get_running_loop()
@@ -97,17 +99,28 @@ def channel_encoder(hinted: set[str], resync: bool) -> Iterable[ServerSentEventM
         yield ServerSentEventMessage(event="hint", data=msgspec.json.encode({"queue": queue}))
 
 
-async def _always(_sub: Subscription) -> bool:
-    return True
+def session_check(accounts: Accounts, sid: str) -> Callable[[Subscription], Awaitable[bool]]:
+    """Whether a page's session is still live: the hub's hint that it ended, or its expiry,
+    is taken at its word; otherwise (a resync, a keepalive) the database is asked."""
+
+    async def still_allowed(sub: Subscription) -> bool:
+        return not sub.revoked and await accounts.session_left(sid) is not None
+
+    return still_allowed
 
 
-def page_stream(hub: Hub, templates: TemplateEngineProtocol) -> AsyncIterator[ServerSentEventMessage]:
+def page_stream(
+    hub: Hub, accounts: Accounts, templates: TemplateEngineProtocol, sid: str, seconds_left: float
+) -> AsyncIterator[ServerSentEventMessage]:
+    """For the open pages of session `sid`, which expires `seconds_left` from now."""
+    sub = hub.subscribe(session=session_key(sid))
+    sub.revoke_after(seconds_left)
     return hint_stream(
-        hub.subscribe(),
+        sub,
         CONNECTED,
         page_encoder(templates),
         min_interval=PAGE_HINT_INTERVAL,
-        still_allowed=_always,
+        still_allowed=session_check(accounts, sid),
     )
 
 

@@ -1,7 +1,8 @@
 """Logging in and out of the dashboard (the session itself is checked in auth.py).
 
 A login starts a server-side session (dashboard/web/sessions.py) with a new CSRF token
-bound to it; failed logins are limited per address and per name (dashboard/web/limits.py).
+bound to it; logins are limited per address, per name at an address, and in how many
+wait for the password hash (dashboard/web/limits.py).
 Neither page may be kept by a cache: they carry the token.
 """
 
@@ -38,13 +39,15 @@ async def login(request: Request, accounts: NamedDependency[Accounts]) -> Templa
     form = await request.form()
     name, password = str(form.get("name", "")), str(form.get("password", ""))
     target = safe_target(form.get("next"))
-    limits = services(request).limits
     address = request.client.host if request.client else ""
-    limits.check_login(address, name)
-    # A NUL names nobody (and PostgreSQL text cannot hold one): a failed login like any other.
-    operator = None if "\x00" in name else await accounts.login(name, password)
+    # Counted as failed before the hash, so concurrent guesses meet the limits too.
+    with services(request).limits.login_attempt(address) as attempt:
+        credentials = await accounts.credentials(name)
+        attempt.check_name(name, credentials.generation)
+        operator = await accounts.login(credentials, password)
+        if operator is not None:
+            attempt.succeeded()
     if operator is None:
-        limits.login_failed(address, name)
         return Template(
             "login.html",
             status_code=401,

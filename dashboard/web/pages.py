@@ -23,6 +23,7 @@ from dashboard.models import DEFAULT_MAX_ATTEMPTS, Problems, check_queue, check_
 from dashboard.reads import LIST_STATES, Reads, TodoFilter
 from dashboard.web.auth import current_operator
 from dashboard.web.responses import page, render
+from dashboard.web.searches import SEARCHES
 from dashboard.web.stats_cache import StatsCache
 from dashboard.web.templating import figure
 
@@ -93,10 +94,11 @@ async def queue_context(request: Request, reads: Reads, queue: str, params=None)
     q = request.query_params if params is None else params
     filters = queue_filter(queue, q)
     after = request.query_params.get("after") if params is None else None
-    result = await reads.list_todos(filters, limit=PAGE_SIZE, after=after)
-    matching = len(result.items)
-    if result.next_cursor or after:
-        matching = len(await reads.matching_ids(filters, limit=MATCHING_SHOWN + 1))
+    with SEARCHES.slot(f"operator:{request.scope['operator'].name}", filters):
+        result = await reads.list_todos(filters, limit=PAGE_SIZE, after=after)
+        matching = len(result.items)
+        if result.next_cursor or after:
+            matching = len(await reads.matching_ids(filters, limit=MATCHING_SHOWN + 1))
     estimate = await reads.estimate_matching(filters) if matching > MATCHING_SHOWN else None
     return {
         **await queue_control_context(reads, queue),
@@ -338,10 +340,11 @@ async def tokens_view(
     errors: dict | None = None,
     status: int = 200,
 ) -> Template:
-    """The tokens page (operators only: it names every agent and its queues), never kept
-    by a cache: right after `add` it shows the new secret, and the `unknown` queues it
-    names (no todo there yet). A refused form comes back with its `values` and `errors`."""
-    response = page(
+    """The tokens page (operators only: it names every agent and its queues): right after
+    `add` it shows the new secret (no cache keeps it: no dashboard page is kept, app.py),
+    and the `unknown` queues it names (no todo there yet). A refused form comes back with
+    its `values` and `errors`."""
+    return page(
         request,
         "tokens.html",
         status=status,
@@ -351,8 +354,6 @@ async def tokens_view(
         values=values or {},
         errors=errors or {},
     )
-    response.headers["Cache-Control"] = "no-store"
-    return response
 
 
 @get("/tokens", **takes())

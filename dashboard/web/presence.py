@@ -33,12 +33,6 @@ class Presence:
             sub.wake()
 
 
-def always_there() -> Presence:
-    """For callers with no connection of their own to watch: the MCP SDK cancels a tool call
-    whose session ends, and in-process callers are there by definition."""
-    return Presence()
-
-
 @contextlib.asynccontextmanager
 async def watching(receive: Receive, *, waits: bool) -> AsyncIterator[Presence]:
     """A Presence kept up to date from `receive` until the block ends; a request that

@@ -24,7 +24,7 @@ from dashboard.models import (
     NewTodo,
     Todo,
 )
-from dashboard.reads import Event, HistoryEntry
+from dashboard.reads import Event, HistoryEntry, TodoDetail
 from dashboard.web.errors import PROBLEM
 
 
@@ -218,8 +218,13 @@ class FailOut(msgspec.Struct):
 
 class TodoDetailOut(msgspec.Struct):
     todo: TodoOut
-    history: list[HistoryEntry]
+    history: list[HistoryEntry]  # the newest HISTORY_SHOWN steps, oldest first
     event: Event | None
+    older_history: bool  # there are earlier steps: GET /api/v1/todos/{id}/history?before=
+
+    @classmethod
+    def of(cls, detail: TodoDetail) -> TodoDetailOut:
+        return cls(TodoOut.of(detail.todo), detail.history, detail.event, detail.older_history)
 
 
 class TodoPage(msgspec.Struct):

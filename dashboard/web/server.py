@@ -84,19 +84,28 @@ def _positive(environ: Mapping[str, str], name: str, kind: type, what: str) -> f
 
 
 def _trusted_proxies(raw: str) -> tuple[str, ...]:
-    """Comma-separated addresses and networks (CIDR), or "*" for any. uvicorn would take a
-    mistyped entry for a literal that never matches, so it is refused here instead."""
+    """Comma-separated addresses and networks (CIDR). uvicorn would take a mistyped entry for
+    a literal that never matches, so it is refused here instead. So is trusting every
+    address ("*", 0.0.0.0/0, ::/0, or networks that together cover one of those): any
+    client could then name its own address in X-Forwarded-For and so escape the
+    per-address limits (dashboard/web/limits.py)."""
+    name = "SWITCHBOARD_TRUSTED_PROXIES"
     entries = tuple(entry.strip() for entry in raw.split(",") if entry.strip())
     if "*" in entries:
-        return ("*",)
+        raise InvalidInput(name, "'*' would let any client choose its own address: name your proxies")
+    networks = []
     for entry in entries:
-        parse = ipaddress.ip_network if "/" in entry else ipaddress.ip_address
         try:
-            parse(entry)
+            networks.append(ipaddress.ip_network(entry))
         except ValueError as exc:
-            raise InvalidInput(
-                "SWITCHBOARD_TRUSTED_PROXIES", f"{entry!r} is not an IP address or network ({exc})"
-            ) from None
+            raise InvalidInput(name, f"{entry!r} is not an IP address or network ({exc})") from None
+    for version in (4, 6):
+        for covered in ipaddress.collapse_addresses(n for n in networks if n.version == version):
+            if covered.prefixlen == 0:
+                raise InvalidInput(
+                    name,
+                    f"{raw.strip()!r} covers every IPv{version} address: any client could choose its own",
+                )
     return entries
 
 

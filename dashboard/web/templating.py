@@ -6,6 +6,9 @@ import json
 from datetime import UTC, datetime
 
 from litestar.plugins.jinja import JinjaTemplateEngine
+from markupsafe import Markup
+
+from dashboard.models import SURROGATES
 
 EMPTY = "—"  # the one mark for "nothing here", on every page
 
@@ -59,6 +62,21 @@ def field_error(message: str, field: str) -> str:
     return message[:1].upper() + message[1:].rstrip(".") + "."
 
 
+def bdi(value, empty: str = "") -> Markup | str:
+    """Text someone else wrote (an agent's title or kind, a name, a reason), isolated from
+    the words around it: a right-to-left override inside it cannot reorder ours ("from
+    agent …" read backwards). `empty` stands for none."""
+    if value is None or value == "":
+        return empty
+    return Markup("<bdi>%s</bdi>") % value
+
+
+def isolated(value) -> str:
+    """The same isolation where no element can go (an attribute, the page's <title>): the
+    text between FIRST STRONG ISOLATE and POP DIRECTIONAL ISOLATE."""
+    return f"\u2068{value}\u2069"
+
+
 def figure(value: int, approximate: bool = False) -> str:
     """A count as pages show it: exact with thousands separators, or, when it is an
     approximation (README "Counts at scale"), two significant digits: 'about 1.2M'."""
@@ -77,10 +95,19 @@ def none_selected(noun: str) -> str:
     return f"Select at least one {noun} (tick its box), or choose all that match the filter."
 
 
+def shown(value):
+    """Every value a page prints, as UTF-8 can send it: a lone surrogate, which only a form
+    just sent can hold (and its check refuses), is shown as U+FFFD beside that refusal."""
+    if isinstance(value, str) and not value.isascii() and SURROGATES.search(value):
+        return type(value)(SURROGATES.sub("\ufffd", value))  # Markup stays Markup
+    return value
+
+
 def configure(engine: JinjaTemplateEngine) -> None:
     env = engine.engine
+    env.finalize = shown  # before any template is compiled: the compiler emits the call
     env.filters.update(
         ago=ago, duration=duration, pretty_json=pretty_json, iso=iso, utc=utc, field_error=field_error
     )
-    env.filters["figure"] = figure
+    env.filters.update(figure=figure, bdi=bdi, isolated=isolated)
     env.globals["none_selected"] = none_selected

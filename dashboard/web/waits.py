@@ -29,7 +29,8 @@ from dashboard.web.services import Services
 
 # Seconds between reads when no hint comes (± POLL_JITTER of it): a missed hint costs
 # about this much. Shorter than the long-poll claim's 5 s, since a person may be watching
-# the agent that waits, and cheaper: one todo and its history read by key, not a claim.
+# the agent that waits, and cheaper: one todo read by key, not a claim. Its history is read
+# once, for the answer: its owner can make it long.
 WAIT_POLL = 1.5
 
 
@@ -50,10 +51,10 @@ async def wait_for_todo(
         presence.wakes(sub)
         await services.store.watch(todo_id, scope=scope)
         while True:
-            detail = await services.reads.todo_detail(todo_id, scope=scope)
+            todo, _ = await services.reads.todo(todo_id, scope=scope)
             remaining = deadline - loop.time()
-            if detail.todo.state in FINISHED or remaining <= 0 or sub.ended or presence.gone:
-                return detail
+            if todo.state in FINISHED or remaining <= 0 or sub.ended or presence.gone:
+                return await services.reads.todo_detail(todo_id, scope=scope)
             await sub.wait(min(remaining, WAIT_POLL * random.uniform(1 - POLL_JITTER, 1 + POLL_JITTER)))
             if scope is not None and (sub.revoked or sub.resync) and not await still_allowed(sub):
                 raise NotAuthorizedException("the token was revoked")

@@ -1,25 +1,34 @@
 -- Operators, API tokens and the secrets every web process shares (dashboard/accounts.py).
 
 -- name: add_operator
--- Agent and operator names share one namespace: a name any token was ever made for is
--- taken (the caller holds the names lock, so the check and the insert do not race).
-INSERT INTO operators (name, role, password_hash)
-SELECT :name, :role, :password_hash
-WHERE NOT EXISTS (SELECT FROM api_tokens WHERE agent = :name)
-RETURNING name;
+INSERT INTO operators (name, role, password_hash) VALUES (:name, :role, :password_hash);
 
 -- name: lock_names
 -- Serialises the namespace checks of add_operator and add_token (until commit).
 SELECT pg_advisory_xact_lock(hashtext('switchboard:names'));
 
+-- name: name_holder
+-- Agent and operator names share one namespace, compared ignoring case ("Olga" would pass
+-- for "olga" on a page): who holds :name or a name that differs from it only by case (an
+-- operator, or any token ever made), as held, the very name first. The caller holds the
+-- names lock.
+SELECT kind, name FROM (
+    SELECT 'operator' AS kind, name FROM operators WHERE lower(name) = lower(:name)
+    UNION ALL
+    SELECT 'agent', agent FROM api_tokens WHERE lower(agent) = lower(:name)
+) AS holders
+ORDER BY name = :name DESC
+LIMIT 1;
+
 -- name: set_password
--- A new password ends every session of the operator.
+-- A new password ends every session of the operator, each hinted (as at end_session).
 WITH changed AS (
     UPDATE operators SET password_hash = :password_hash WHERE name = :name RETURNING name
 ), ended AS (
-    DELETE FROM operator_sessions WHERE operator IN (SELECT name FROM changed)
+    DELETE FROM operator_sessions WHERE operator IN (SELECT name FROM changed) RETURNING id_hash
 )
-SELECT EXISTS (SELECT FROM changed);
+SELECT EXISTS (SELECT FROM changed),
+       (SELECT count(pg_notify('switchboard', json_build_object('session_ended', encode(id_hash, 'hex'))::text)) FROM ended);
 
 -- name: rehash_password
 -- The same password under current scrypt parameters (at a successful login); only if
@@ -27,8 +36,14 @@ SELECT EXISTS (SELECT FROM changed);
 UPDATE operators SET password_hash = :password_hash WHERE name = :name AND password_hash = :old_hash;
 
 -- name: remove_operator
--- Its sessions go with it (ON DELETE CASCADE).
-DELETE FROM operators WHERE name = :name RETURNING name;
+-- Its sessions go with it, each hinted (as at end_session); the cascade finds them gone.
+WITH ended AS (
+    DELETE FROM operator_sessions WHERE operator = :name RETURNING id_hash
+), removed AS (
+    DELETE FROM operators WHERE name = :name RETURNING name
+)
+SELECT name, (SELECT count(pg_notify('switchboard', json_build_object('session_ended', encode(id_hash, 'hex'))::text)) FROM ended)
+FROM removed;
 
 -- name: has_operators
 SELECT EXISTS (SELECT FROM operators);
@@ -44,11 +59,8 @@ UPDATE operators SET last_login_at = now() WHERE name = :name;
 SELECT name, role FROM operators WHERE name = :name;
 
 -- name: add_token
--- Refused (no row) when an operator has the agent's name: one namespace for both.
 INSERT INTO api_tokens (id, agent, queues, token_hash, created_by)
-SELECT :id, :agent, :queues, :token_hash, :created_by
-WHERE NOT EXISTS (SELECT FROM operators WHERE name = :agent)
-RETURNING id;
+VALUES (:id, :agent, :queues, :token_hash, :created_by);
 
 -- name: token_active
 SELECT EXISTS (SELECT FROM api_tokens WHERE id = :id AND revoked_at IS NULL);
@@ -101,7 +113,16 @@ FROM operator_sessions s JOIN operators o ON o.name = s.operator
 WHERE s.id_hash = :id_hash AND s.expires_at > now();
 
 -- name: end_session
-DELETE FROM operator_sessions WHERE id_hash = :id_hash;
+-- The hint ({"session_ended": …}) tells every web process to end the streams of the
+-- session's open pages (dashboard/notify.py); logouts are rare, so the commit-time NOTIFY
+-- lock is no cost.
+WITH ended AS (DELETE FROM operator_sessions WHERE id_hash = :id_hash RETURNING id_hash)
+SELECT pg_notify('switchboard', json_build_object('session_ended', encode(id_hash, 'hex'))::text) FROM ended;
+
+-- name: session_left
+-- Seconds until session :id_hash expires; no row once it ended or expired.
+SELECT extract(epoch FROM expires_at - now())::float8
+FROM operator_sessions WHERE id_hash = :id_hash AND expires_at > now();
 
 -- name: set_flash
 -- :flash is [kind, message], or NULL once shown.

@@ -194,20 +194,34 @@ ORDER BY a.agent;
 SELECT *, now() AS read_at FROM todos WHERE id = :id;
 
 -- name: history
-SELECT at, from_state, to_state, actor_kind, actor, attempt, note, changes
-FROM todo_history WHERE todo_id = :id ORDER BY id;
+-- Todo :id's newest :limit steps older than step :before (all when null), oldest first.
+-- An edit's changes larger than :changes_max bytes of JSON are left out and only their
+-- size given: a page of history costs a bounded read, however its owner grew it.
+SELECT id, at, from_state, to_state, actor_kind, actor, attempt, note,
+       CASE WHEN size <= :changes_max THEN changes END AS changes,
+       CASE WHEN size > :changes_max THEN size END AS changes_bytes
+FROM (
+    SELECT *, octet_length(changes::text) AS size FROM todo_history
+    WHERE todo_id = :id AND (CAST(:before AS bigint) IS NULL OR id < :before)
+    ORDER BY id DESC LIMIT :limit
+) newest
+ORDER BY id;
 
 -- name: history_since
 -- What changed todo :id after the version :since (its updated_at then), newest first, at
--- most :limit rows, each with how many there are in all. The first row at or after :since
--- is the change that made that version, skipped: a statement sets updated_at before it
--- writes its history row, and the next change to the todo writes after it commits.
+-- most :limit rows, each with how many there are in all; large changes left out as in
+-- `history`. The first row at or after :since is the change that made that version,
+-- skipped: a statement sets updated_at before it writes its history row, and the next
+-- change to the todo writes after it commits.
 WITH since AS (
     SELECT id, at, from_state, to_state, actor_kind, actor, attempt, note, changes,
            row_number() OVER (ORDER BY id) AS n
     FROM todo_history WHERE todo_id = :id AND at >= :since
 )
-SELECT at, from_state, to_state, actor_kind, actor, attempt, note, changes, count(*) OVER () AS total
+SELECT id, at, from_state, to_state, actor_kind, actor, attempt, note,
+       CASE WHEN octet_length(changes::text) <= :changes_max THEN changes END AS changes,
+       CASE WHEN octet_length(changes::text) > :changes_max THEN octet_length(changes::text) END AS changes_bytes,
+       count(*) OVER () AS total
 FROM since WHERE n > 1 ORDER BY id DESC LIMIT :limit;
 
 -- name: queue_pauses
@@ -235,8 +249,10 @@ SELECT DISTINCT queue FROM todos WHERE state = 'failed' ORDER BY queue;
 -- name: list_todos
 -- The queue page and the API list: newest first, keyset-paginated after the todo
 -- (:before_at, :before_id). Every filter may be null, meaning any. :face picks one face
--- of pending: ready, retrying or scheduled. :payload_any: objects the payload contains
--- one of (dashboard/payload_search.py; empty: none matches). Reads plans this statement for each
+-- of pending: ready, retrying or scheduled. :payload_has: an object the payload contains
+-- (the API's); :payload_any: objects the payload contains one of (the search's terms,
+-- dashboard/payload_search.py; empty: none matches). :search_like: the title's pattern, which
+-- todos_text_search (0014) answers. Reads plans this statement for each
 -- call's values (a custom plan), so the null filters fold away and the planner picks
 -- the index that fits the rest; a generic plan could not know which one that is.
 SELECT *, now() AS read_at FROM todos
@@ -251,6 +267,7 @@ WHERE (:queue::text IS NULL OR queue = :queue)
   AND (:owner::text IS NULL OR owner = :owner)
   AND (:kind::text IS NULL OR kind = :kind)
   AND (:search::text IS NULL OR id = :search OR idempotency_key = :search OR title ILIKE :search_like)
+  AND (:payload_has::jsonb IS NULL OR payload @> :payload_has)
   AND (:payload_any::jsonb[] IS NULL OR payload @> ANY (:payload_any))
   AND (:before_at::timestamptz IS NULL OR (created_at, id) < (:before_at, :before_id::text))
 ORDER BY created_at DESC, id DESC
@@ -272,6 +289,7 @@ WHERE (:queue::text IS NULL OR queue = :queue)
   AND (:owner::text IS NULL OR owner = :owner)
   AND (:kind::text IS NULL OR kind = :kind)
   AND (:search::text IS NULL OR id = :search OR idempotency_key = :search OR title ILIKE :search_like)
+  AND (:payload_has::jsonb IS NULL OR payload @> :payload_has)
   AND (:payload_any::jsonb[] IS NULL OR payload @> ANY (:payload_any))
 ORDER BY created_at, id
 LIMIT :limit;
@@ -289,8 +307,11 @@ ORDER BY completed_at DESC, id DESC
 LIMIT :limit;
 
 -- name: plan_for_values
--- In a transaction, before a list statement: plan it for this call's values.
-SET LOCAL plan_cache_mode = force_custom_plan;
+-- In a transaction, before a list statement: plan it for this call's values, and stop it
+-- after :timeout milliseconds. Both are the transaction's own (SET LOCAL), so they hold
+-- through a pooler in transaction mode and end with the transaction.
+SELECT set_config('plan_cache_mode', 'force_custom_plan', true),
+       set_config('statement_timeout', :timeout::text, true);
 
 -- name: readiness
 -- For /readyz: the newest migration applied, and whether this server refuses writes.

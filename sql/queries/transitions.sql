@@ -618,6 +618,11 @@ WITH edited AS (
 )
 SELECT * FROM edited;
 
+-- name: assignment_facts
+-- Whether :assignee names an operator (a person), and the database's clock: an agent may
+-- not reassign a person's todo before its fallback, nor give a fallback already past.
+SELECT EXISTS (SELECT 1 FROM operators WHERE name = :assignee) AS person, statement_timestamp() AS now;
+
 -- name: lock_todo
 -- Todo :id, its row locked until the transaction ends: edit and retry compares the
 -- version its caller read before the retry changes it.

@@ -198,7 +198,7 @@ def test_alice_sees_a_todo_for_her_arrive_claims_it_and_completes_it_with_a_resu
     assert not waiting.done()
     clicked = time.monotonic()
     card.get_by_role("button", name="Complete").click()
-    expect(page.locator("#action-result")).to_contain_text("“Approve refund #42” is done")
+    expect(page.locator("#action-result")).to_contain_text("“\u2068Approve refund #42\u2069” is done")
     expect(card).to_have_count(0)
 
     finished, answered = waiting.result(timeout=10)
