@@ -7,7 +7,7 @@ re-sent, against the same agent with no long-polls, side by side in one run.
     DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/longpoll_acks.py
 
 One fresh database (migrated, dropped at exit) on DATABASE_URL or an embedded PostgreSQL,
-an API token, and the real app in a subprocess (`python -m dashboard.cli serve`: uvicorn,
+an API token for the agent and one for each claimer, and the real app in a subprocess (`python -m dashboard.cli serve`: uvicorn,
 one process, as users run it), --beat-todos todos in queue `beat` and none in `idle`.
 
 The agent (one keep-alive httpx client, as the reference worker has) claims a todo of
@@ -18,7 +18,8 @@ that fell due while the previous one was still out waited for it: a stall counts
 long as it lasts, as it would for the many agents whose acks fall due meanwhile).
 
 1. alone: the agent for --baseline seconds, nothing else.
-2. long-polls: --long-polls claimers, each on its own raw keep-alive connection (a request
+2. long-polls: --long-polls claimers, each with its own token (one token may hold at most
+   100 long-polls at once) on its own raw keep-alive connection (a request
    written by hand, cheaper than as many httpx clients), connected first and then sent
    `POST /api/v1/claims {"queues": ["idle"], "wait": --wait}` in the same instant, as a
    fleet restarted together would; each re-sends at once when its answer (204) comes. The
@@ -242,17 +243,21 @@ def claim_request(port: int, token: str, wait: float) -> bytes:
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
-def fleet(port: int, token: str, wait: float, n: int, seconds: float, pipe: Connection) -> None:
-    """The claimers, in a process of their own (their burst of answers must not hold up
-    the agent's own event loop): n connections opened, "ready" sent up the pipe, then every
-    long-poll sent in the same instant and cycled for `seconds`; their Polls sent up last."""
+def fleet(port: int, tokens: list[str], wait: float, seconds: float, pipe: Connection) -> None:
+    """The claimers, one per token, in a process of their own (their burst of answers must
+    not hold up the agent's own event loop): their connections opened, "ready" sent up the
+    pipe, then every long-poll sent in the same instant and cycled for `seconds`; their
+    Polls sent up last. A token each, as agents have: one token may hold at most
+    SWITCHBOARD_MAX_WAITS_PER_TOKEN (100) long-polls at once."""
 
     async def run() -> Polls:
         polls = Polls()
-        streams = await asyncio.gather(*(asyncio.open_connection("127.0.0.1", port) for _ in range(n)))
-        request = claim_request(port, token, wait)
+        streams = await asyncio.gather(*(asyncio.open_connection("127.0.0.1", port) for _ in tokens))
         pipe.send("ready")
-        tasks = [asyncio.create_task(claimer(r, w, request, polls)) for r, w in streams]
+        tasks = [
+            asyncio.create_task(claimer(r, w, claim_request(port, token, wait), polls))
+            for (r, w), token in zip(streams, tokens, strict=True)
+        ]
         await asyncio.sleep(seconds)
         for task in tasks:
             task.cancel()
@@ -269,12 +274,12 @@ async def receive(pipe: Connection, what: str, within: float):
     return pipe.recv()
 
 
-async def with_long_polls(app: AppProcess, token: str, args) -> tuple[Agent, Polls]:
+async def with_long_polls(app: AppProcess, token: str, fleet_tokens: list[str], args) -> tuple[Agent, Polls]:
     """The agent for --seconds while --long-polls claimers cycle, all sent in one instant."""
     context = multiprocessing.get_context("spawn")
     pipe, child_end = context.Pipe()
     claimers = context.Process(
-        target=fleet, args=(app.port, token, args.wait, args.long_polls, args.seconds, child_end)
+        target=fleet, args=(app.port, fleet_tokens, args.wait, args.seconds, child_end)
     )
     claimers.start()
     try:
@@ -301,6 +306,10 @@ async def run_all(server: Server, args, tmp: Path) -> int:
         conn = await dbmod.connect(dsn)
         try:
             _, token = await Accounts(conn).add_token("bench-agent", [IDLE_QUEUE, BEAT_QUEUE])
+            fleet_tokens = [
+                (await Accounts(conn).add_token(f"bench-claimer-{i}", [IDLE_QUEUE]))[1]
+                for i in range(args.long_polls)
+            ]
             await conn.execute(
                 "INSERT INTO todos (id, queue, title) SELECT 'td_beat_' || g, $1, 'beat ' || g"
                 " FROM generate_series(1, $2::int) AS g",
@@ -317,7 +326,7 @@ async def run_all(server: Server, args, tmp: Path) -> int:
         log(f"[alone] the agent for {args.baseline:.0f} s; {load()}")
         alone = await run_agent(app, token, args.baseline, args)
         log(f"[long-polls] {args.long_polls} of wait={args.wait:g}, the agent for {args.seconds:.0f} s")
-        polled, polls = await with_long_polls(app, token, args)
+        polled, polls = await with_long_polls(app, token, fleet_tokens, args)
         app.check_alive()
     finally:
         if app is not None:
