@@ -7,8 +7,9 @@ re-sent, against the same agent with no long-polls, side by side in one run.
     DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/longpoll_acks.py
 
 One fresh database (migrated, dropped at exit) on DATABASE_URL or an embedded PostgreSQL,
-an API token for the agent and one for each claimer, and the real app in a subprocess (`python -m dashboard.cli serve`: uvicorn,
-one process, as users run it), --beat-todos todos in queue `beat` and none in `idle`.
+an API token for the agent and one for each claimer, and the real app in a subprocess
+(`python -m dashboard.cli serve`: uvicorn, one process, as users run it), --beat-todos
+todos in queue `beat` and none in `idle`.
 
 The agent (one keep-alive httpx client, as the reference worker has) claims a todo of
 `beat`, heartbeats it --beats times, completes it with `next` (the next todo in the same

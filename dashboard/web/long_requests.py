@@ -20,15 +20,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 
-from litestar.exceptions import TooManyRequestsException
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from dashboard.errors import InvalidInput
 from dashboard.notify import session_key
+from dashboard.web.slots import Slots
 
 SETTING = "SWITCHBOARD_MAX_WAITS_PER_TOKEN"
 PER_CREDENTIAL = 100
-RETRY_AFTER = 1  # seconds
 HELD = "switchboard.long_requests"  # the ASGI scope key of the slots held until the response ends
 
 Credential = tuple[str, str]  # ("token", its id) or ("session", its session_key)
@@ -37,7 +36,7 @@ Credential = tuple[str, str]  # ("token", its id) or ("session", its session_key
 class LongRequests:
     def __init__(self, per_credential: int = PER_CREDENTIAL):
         self.per_credential = per_credential
-        self._open: dict[Credential, int] = {}
+        self._slots = Slots(per_credential)
 
     @contextmanager
     def slot(self, credential: Credential, *, waits: bool = True) -> Iterator[None]:
@@ -46,21 +45,12 @@ class LongRequests:
         if not waits:
             yield
             return
-        count = self._open.get(credential, 0)
-        if count >= self.per_credential:
-            raise TooManyRequestsException(
-                detail=f"this {credential[0]} already has {count} long requests (waits and streams) open "
-                f"on this server process, the most allowed ({SETTING}): end one first, or ask without "
-                "waiting",
-                headers={"Retry-After": str(RETRY_AFTER)},
-            )
-        self._open[credential] = count + 1
-        try:
+        refusal = (
+            f"this {credential[0]} already has {{count}} long requests (waits and streams) open on this "
+            f"server process, the most allowed ({SETTING}): end one first, or ask without waiting"
+        )
+        with self._slots.taken(credential, refusal):
             yield
-        finally:
-            self._open[credential] -= 1
-            if not self._open[credential]:
-                del self._open[credential]
 
     def hold(self, scope: Scope, credential: Credential) -> None:
         """A slot for the rest of the request: for a stream, which its handler returns before
