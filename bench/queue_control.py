@@ -19,7 +19,7 @@ ANALYZEd and checkpointed, measured for --seconds (15) after a 1-s warm-up, in -
 
   single      every todo priority 0, nothing paused: the claim as it was before issue 12
   priorities  priorities 1, 0 and -1 mixed in every queue (todo g: ((g / 20) % 3) - 1)
-  paused      priority 0, and q07 (a twentieth of the todos) paused with Store.pause
+  paused      priority 0, and q07 (a twentieth of the todos) paused with Control.pause
 
 Each round prints the three side by side with b/a and c/a; the summary gives the medians,
 the median of the per-round ratios and the target (>= 0.9). --explain also prints, before
@@ -32,8 +32,8 @@ pointing at a checkout from before it: that is the before/after of the plain cla
 Bulk actions. A fresh database per round: --pending todos in the workers' queues, --bulk
 (10,000) pending todos in queue `bulk`, 200 done todos in `bulk` and 200 pending in
 `probe`. An operator in another process (this script, --bulk-child: its Python work does
-not stall the workers' event loop) runs Store.set_many(priority=p), Store.cancel_many and
-Store.retry_many (on the todos cancel_many made dead) over the --bulk ids plus the 200
+not stall the workers' event loop) runs Control.set_many(priority=p), Control.cancel_many and
+Control.retry_many (on the todos cancel_many made dead) over the --bulk ids plus the 200
 done ones, which every one of the three must skip: first each alone, then again while
 the 4 workers claim + complete, each from a queue of its own (--bulk-claim all: all from
 the 20), in an order that changes with the round; every action starts after a CHECKPOINT
@@ -71,6 +71,7 @@ from harness import Server, log
 from stats import Series, pct, rotated, table
 
 from dashboard import db as dbmod
+from dashboard.control import Control
 from dashboard.models import Actor
 from dashboard.queries import TRANSITIONS
 from dashboard.store import Store
@@ -242,7 +243,7 @@ async def measure_claims(server: Server, variant: Variant, args, explain: bool) 
     try:
         await admin.execute(fill_sql(variant.priorities), args.pending, len(QUEUES))
         if variant.paused:
-            await Store(admin).pause(PAUSED, OPERATOR, "bench")
+            await Control(admin).pause(PAUSED, OPERATOR, "bench")
         await harness.settle(admin)
         if explain:
             await print_plans(dsn, variant)
@@ -428,7 +429,7 @@ async def bulk_child(dsn: str, n: int) -> int:
     """The operator's process: connect, say the backend pid, then run each action asked for
     on stdin (`set_many P`, `cancel_many`, `retry_many`, `quit`) and say what it did."""
     conn = await dbmod.connect(dsn)
-    store = Store(conn)
+    control = Control(conn)
     ids = bulk_ids(n)
     print(json.dumps({"pid": conn.get_server_pid()}), flush=True)
     loop = asyncio.get_running_loop()
@@ -436,11 +437,11 @@ async def bulk_child(dsn: str, n: int) -> int:
         while (line := (await loop.run_in_executor(None, sys.stdin.readline)).split()) and line[0] != "quit":
             t0 = time.monotonic()
             if line[0] == "set_many":
-                report = await store.set_many(ids, OPERATOR, priority=int(line[1]))
+                report = await control.set_many(ids, OPERATOR, priority=int(line[1]))
             elif line[0] == "cancel_many":
-                report = await store.cancel_many(ids, OPERATOR, "bench")
+                report = await control.cancel_many(ids, OPERATOR, "bench")
             else:
-                report = await store.retry_many(ids, OPERATOR)
+                report = await control.retry_many(ids, OPERATOR)
             t1 = time.monotonic()
             print(json.dumps({"t0": t0, "t1": t1, "changed": len(report.changed), "skipped": report.skipped}),
                   flush=True)  # fmt: skip

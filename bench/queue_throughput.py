@@ -61,7 +61,8 @@ from dashboard.claim_cursor import TOP_RANK
 from dashboard.models import PRODUCER, Actor, NewTodo
 from dashboard.notify import Hub
 from dashboard.rollups import Rollups
-from dashboard.store import HintSink, Store
+from dashboard.store import Store
+from dashboard.writer import HintSink
 
 QUEUE = "bench"
 TTL = 300.0  # long enough that no lease lapses during a run

@@ -300,17 +300,17 @@ async def cmd_enqueue(db, args) -> int:
 
 @with_database
 async def cmd_queue_pause(db, args) -> int:
-    from dashboard.store import Store
+    from dashboard.control import Control
 
-    print_json(await Store(db.pool).pause(args.name, operator(args), args.reason))
+    print_json(await Control(db.pool).pause(args.name, operator(args), args.reason))
     return 0
 
 
 @with_database
 async def cmd_queue_resume(db, args) -> int:
-    from dashboard.store import Store
+    from dashboard.control import Control
 
-    resumed = await Store(db.pool).resume(args.name, operator(args), args.reason)
+    resumed = await Control(db.pool).resume(args.name, operator(args), args.reason)
     print_json({"queue": args.name, "resumed": resumed})
     return 0
 
@@ -325,24 +325,24 @@ async def cmd_queue_paused(db, args) -> int:
 
 @with_database
 async def cmd_todo_cancel(db, args) -> int:
-    from dashboard.store import Store
+    from dashboard.control import Control
 
-    print_json(await Store(db.pool).cancel(args.id, operator(args), args.reason))
+    print_json(await Control(db.pool).cancel(args.id, operator(args), args.reason))
     return 0
 
 
 @with_database
 async def cmd_todo_run_now(db, args) -> int:
-    from dashboard.store import Store
+    from dashboard.control import Control
 
-    print_json(await Store(db.pool).run_now(args.id, operator(args)))
+    print_json(await Control(db.pool).run_now(args.id, operator(args)))
     return 0
 
 
 @with_database
 async def cmd_todo_edit(db, args) -> int:
+    from dashboard.control import Control
     from dashboard.models import TodoEdit
-    from dashboard.store import Store
 
     given = {
         "title": args.title,
@@ -359,7 +359,7 @@ async def cmd_todo_edit(db, args) -> int:
             fields[clearable] = None
     if args.payload is not None:
         fields["payload"] = json_object(args.payload, "payload")
-    todo = await Store(db.pool).edit(args.id, operator(args), TodoEdit(**fields), retry=args.retry)
+    todo = await Control(db.pool).edit(args.id, operator(args), TodoEdit(**fields), retry=args.retry)
     print_json(todo)
     return 0
 

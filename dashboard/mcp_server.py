@@ -39,9 +39,8 @@ from mcp_types import (
 
 from dashboard.errors import Cancelled, Conflict, DatabaseUnavailable, InvalidInput
 from dashboard.mcp_requests import McpRequest
-from dashboard.models import MAX_WAIT, TTL_MAX, TTL_MIN, Actor, NewTodo
+from dashboard.models import FINISHED, MAX_WAIT, TTL_MAX, TTL_MIN, Actor, NewTodo
 from dashboard.reads import LIST_STATES, MAX_PAGE, TodoFilter
-from dashboard.store import FINISHED
 from dashboard.web.auth import Caller, require_agent
 from dashboard.web.errors import problem_of
 from dashboard.web.live import claim_waiting, token_check

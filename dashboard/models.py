@@ -14,6 +14,7 @@ import msgspec
 from dashboard.errors import InvalidInput, NotFound, OutOfScope, TooLarge
 
 STATES = ("pending", "claimed", "done", "failed")
+FINISHED = frozenset({"done", "failed"})  # what a waiter waits for: nothing moves it on
 ActorKind = Literal["agent", "operator", "producer", "system"]  # 0004_actor_kind.sql's CHECK
 ACTOR_KINDS: tuple[str, ...] = get_args(ActorKind)
 QUEUE_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")  # always fullmatch

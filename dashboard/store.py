@@ -1,85 +1,55 @@
-"""Every transition of a todo, each one SQL statement from sql/queries/transitions.sql.
+"""The producers', agents' and reaper's transitions of a todo, each one SQL statement from
+sql/queries/transitions.sql; the operators' are in dashboard/control.py.
 
-The dashboard, the agent API, the Python worker and the reaper all move todos through
-this module and nowhere else. `Store` wraps an asyncpg pool or connection (it does not
-own it). A transition whose guard matched nothing raises NotFound or Conflict with a
-message that says the todo's state, owner and assignee. Every input is checked here,
-once, whoever the caller is; agent calls pass their token's `Scope`.
-
-A transition that makes work claimable or dead (create, release, fail, reap, a due
-retry, retry, force-release) is hinted after its commit, never inside it (DESIGN.md,
-"Notifications"): through `hints` (the process's Hub, which coalesces them), or without
-one by a statement of its own. Claims and completions, the hot path, send none, except
-for a todo someone waits on (`watch`): finished, it is hinted by id (`_todos`).
+The agent API, MCP, the Python worker and the reaper move todos through this module and
+nowhere else. A transition whose guard matched nothing raises NotFound, Conflict or
+Cancelled, saying the todo's state, owner and assignee (dashboard/misses.py). Every input
+is checked here, once, whoever the caller is; agent calls pass their token's `Scope`.
+A transition that makes work claimable (create, release, fail, reap, a due retry) is
+hinted after its commit (dashboard/writer.py).
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from datetime import UTC, datetime
-from typing import Any, Protocol
-
-import asyncpg
-import msgspec
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Any
 
 from dashboard import metrics
 from dashboard.claim_cursor import ClaimCursors
 from dashboard.db import transaction
+from dashboard.edits import fallback_ahead
 from dashboard.errors import (
-    Cancelled,
     Conflict,
-    DatabaseUnavailable,
     InvalidInput,
-    NotAllowed,
     NotFound,
-    Stale,
     SwitchboardError,
     TooLarge,
 )
 from dashboard.models import (
-    EDITABLE,
     MAX_ERROR,
-    MAX_REASON,
     PRODUCER,
     Ack,
     Actor,
     Created,
     NewTodo,
-    QueuePause,
     Scope,
     Todo,
-    TodoEdit,
     check_actor,
-    check_edit,
     check_id,
     check_json_object,
     check_lease,
     check_new_todo,
-    check_priority,
-    check_queue,
     check_queues,
     check_text,
     check_ttl,
-    check_version,
-    json_encode,
 )
-from dashboard.queries import HINTS, READS
 from dashboard.queries import TRANSITIONS as SQL
-from dashboard.reads import CHANGES_BYTES_SHOWN, HistoryEntry
+from dashboard.writer import Writer, recorded, scope_queues
 
-log = logging.getLogger("switchboard.store")
 MAX_BATCH = 1000
-FINISHED = frozenset({"done", "failed"})  # what a waiter waits for (dashboard/web/waits.py)
-
-
-class HintSink(Protocol):
-    """Where hints go after a commit (dashboard.notify.Hub): `send` must not wait."""
-
-    def send(self, queues: Iterable[str], todos: Iterable[str] = ()) -> None: ...
 
 
 def new_ids(prefix: str, n: int) -> list[str]:
@@ -97,43 +67,8 @@ def new_ids(prefix: str, n: int) -> list[str]:
     ]
 
 
-class BulkReport(msgspec.Struct):
-    """What a bulk action did: the todos it changed, and how many it skipped, by the state
-    they were in (a todo already in the asked-for shape counts under its state too)."""
-
-    done: str  # the verb: "cancelled", "made ready", …
-    changed: list[Todo]
-    skipped: dict[str, int]
-    examples: list[str] = msgspec.field(default_factory=list)  # why some were skipped, in words
-
-    def summary(self) -> str:
-        text = f"{len(self.changed)} {self.done}"
-        if self.skipped:
-            skipped = sorted(self.skipped.items())
-            reasons = ", ".join(f"{n} {_SKIPPED.get(state, state)}" for state, n in skipped)
-            text += f"; {sum(self.skipped.values())} skipped ({reasons})"
-        if self.examples:
-            more = "; …" if sum(self.skipped.values()) > len(self.examples) else ""
-            text += ": " + "; ".join(self.examples) + more
-        return text
-
-
-_SKIPPED = {
-    "pending": "pending",
-    "claimed": "claimed",
-    "done": "already done",
-    "failed": "dead",
-    "gone": "no longer there",
-}
-BULK_BATCH = 1000  # todos per statement of a bulk action
-EXAMPLES = 3  # skipped todos a bulk report explains one by one
-
-
-class Store:
-    def __init__(self, db: asyncpg.Pool | asyncpg.Connection, hints: HintSink | None = None):
-        self.db = db
-        self.hints = hints
-        self.cursors = ClaimCursors()
+class Store(Writer):
+    """The producers', agents' and reaper's transitions (see dashboard/writer.py)."""
 
     # -- producers -------------------------------------------------------------------
 
@@ -182,7 +117,7 @@ class Store:
         if actor.kind == "agent" and any(untils):
             now = (await SQL.assignment_facts.fetchrow(self.db, assignee=None))["now"]
             for i, until in enumerate(untils):
-                _fallback_ahead(
+                fallback_ahead(
                     until, now, f"todos[{i}].assignee_until" if len(items) > 1 else "assignee_until"
                 )
         ordered = sorted(rows.values(), key=lambda r: (r[1].queue, r[1].idempotency_key or ""))
@@ -236,9 +171,9 @@ class Store:
                         )
                     ),
                 )
-                records = await SQL.create_todos.fetch(conn, **columns, **_recorded(actor))
+                records = await SQL.create_todos.fetch(conn, **columns, **recorded(actor))
         else:
-            records = await SQL.create_todos.fetch(self.db, **columns, **_recorded(actor))
+            records = await SQL.create_todos.fetch(self.db, **columns, **recorded(actor))
 
         by_key = {}
         for record in records:
@@ -294,7 +229,7 @@ class Store:
             id=check_id(todo_id),
             owner=_owner(owner),
             ttl=check_ttl(ttl),
-            scope=_queues(scope),
+            scope=scope_queues(scope),
             actor_kind=_holder(actor_kind),
         )
         todo = await self._one(record, todo_id, "claim", owner, None, scope)
@@ -384,12 +319,12 @@ class Store:
             leases=leases,
             results=results,
             owner=owner,
-            scope=_queues(scope),
+            scope=scope_queues(scope),
             all_or_none=True,
         )
         if len(records) < len(ids):
-            raise await self._batch_miss(ids, leases, owner, scope)
-        by_id = {todo.id: todo for todo in await self._todos(records)}
+            raise await self._batch_refusal(ids, leases, owner, scope)
+        by_id = {todo.id: todo for todo in await self._after_transition(records)}
         metrics.completed(by_id.values())
         return [by_id[todo_id] for todo_id in ids]
 
@@ -415,10 +350,10 @@ class Store:
                 leases=[ack.lease for ack in completing],
                 results=[ack.result for ack in completing],
                 owner=owner,
-                scope=_queues(scope),
+                scope=scope_queues(scope),
                 all_or_none=False,
             )
-            done = await self._todos(records)
+            done = await self._after_transition(records)
             metrics.completed(done)
             answers.update((todo.id, todo) for todo in done)
         for ack in checked:
@@ -426,7 +361,7 @@ class Store:
                 continue
             try:
                 if ack.error is None:
-                    raise await self._miss(ack.id, "complete", owner, ack.lease, scope)
+                    raise await self._refusal(ack.id, "complete", owner, ack.lease, scope)
                 answers[ack.id] = await self.fail(ack.id, owner, ack.lease, ack.error, scope=scope)
             except (Conflict, NotFound) as exc:
                 answers[ack.id] = exc
@@ -453,9 +388,9 @@ class Store:
                 self.db, **held, result=result, queues=queues, ttl=ttl, rank=rank, after=after
             ),
         )
-        done = await self._todos(r for r in records if r["part"] == "completed")
+        done = await self._after_transition(r for r in records if r["part"] == "completed")
         if not done:
-            raise await self._miss(todo_id, "complete", owner, lease, scope)
+            raise await self._refusal(todo_id, "complete", owner, lease, scope)
         claimed = [Todo.from_record(r) for r in records if r["part"] == "claimed"]
         metrics.completed(done)
         metrics.claimed(claimed)
@@ -487,7 +422,7 @@ class Store:
 
     async def reap(self, limit: int = 500) -> list[Todo]:
         """Re-surface (or dead-letter) up to `limit` todos whose lease lapsed."""
-        todos = await self._todos(await SQL.reap.fetch(self.db, limit=limit))
+        todos = await self._after_transition(await SQL.reap.fetch(self.db, limit=limit))
         metrics.reaped(todos)
         await self._hint(t.queue for t in todos)
         return todos
@@ -509,236 +444,13 @@ class Store:
             if deleted < batch:
                 return total
 
-    # -- operators -------------------------------------------------------------------
-
-    async def retry(self, todo_id: str, actor: Actor, *, one_more: bool = False) -> Todo:
-        """Dead-letter back to pending: a fresh budget, or (one_more) one more attempt."""
-        try:
-            record = await _retried(self.db, check_id(todo_id), check_actor(actor), one_more=one_more)
-        except asyncpg.UniqueViolationError:
-            raise await self._key_taken(todo_id) from None
-        todo = await self._one(record, todo_id, "retry", actor.name, None, None)
-        metrics.retried(todo)
-        await self._hint([todo.queue])
-        return todo
-
-    async def retry_many(
-        self, todo_ids: Sequence[str], actor: Actor, *, one_more: bool = False
-    ) -> BulkReport:
-        """Retry many dead-letters, BULK_BATCH a statement; one whose key a live todo holds
-        stays dead (counted among the skipped)."""
-        actor = check_actor(actor)
-
-        async def batch(ids: list[str]) -> list:
-            try:
-                return await SQL.retry_many.fetch(self.db, ids=ids, **_recorded(actor), one_more=one_more)
-            except asyncpg.UniqueViolationError:  # a key taken meanwhile: one by one
-                records = []
-                for todo_id in ids:
-                    with contextlib.suppress(asyncpg.UniqueViolationError):
-                        if record := await _retried(self.db, todo_id, actor, one_more=one_more):
-                            records.append(record)
-                return records
-
-        report = await self._bulk("retried", todo_ids, batch)
-        if "failed" in report.skipped:  # still dead: a live todo holds its key
-            report.skipped["key held by a live todo"] = report.skipped.pop("failed")
-            retried = {t.id for t in report.changed}
-            for todo_id in [i for i in todo_ids if i not in retried][:EXAMPLES]:
-                row = await SQL.live_todo_with_key.fetchrow(self.db, id=todo_id)
-                if row is not None and row["live_id"]:
-                    report.examples.append(str(_key_conflict(todo_id, row)))
-        for todo in report.changed:
-            metrics.retried(todo)
-        await self._hint(t.queue for t in report.changed)
-        return report
-
-    async def force_release(self, todo_id: str, actor: Actor) -> Todo:
-        """Take a lease back from an agent that is gone; recorded as `actor` (the operator)."""
-        record = await SQL.force_release.fetchrow(
-            self.db, id=check_id(todo_id), **_recorded(check_actor(actor))
-        )
-        todo = await self._one(record, todo_id, "force-release", actor.name, None, None)
-        metrics.released(todo)
-        await self._hint([todo.queue])
-        return todo
-
-    # -- queue control (DESIGN.md "Queue control") ----------------------------------
-    # Operators from the dashboard and the CLI; agents and producers over the API, within
-    # their token's `scope`. Each change is one guarded statement with its history row.
-
-    async def pause(
-        self, queue: str, actor: Actor, reason: str | None = None, *, scope: Scope | None = None
-    ) -> QueuePause:
-        """Claims skip the queue until it is resumed; enqueue, heartbeats and acks go on.
-        Pausing a paused queue keeps the first pause (who, when, why)."""
-        queue, actor, reason = _queue_in(queue, scope), check_actor(actor), _reason(reason)
-        paused = await SQL.pause_queue.fetchrow(self.db, queue=queue, **_recorded(actor), reason=reason)
-        if paused is not None:
-            await self._hint([queue])  # pages showing the queue refresh; claimers find nothing
-        return QueuePause(**dict(paused or await SQL.queue_pause.fetchrow(self.db, queue=queue)))
-
-    async def resume(
-        self, queue: str, actor: Actor, reason: str | None = None, *, scope: Scope | None = None
-    ) -> bool:
-        """Claims take from the queue again, and its waiting claimers are woken at once.
-        False when it was not paused."""
-        queue, actor, reason = _queue_in(queue, scope), check_actor(actor), _reason(reason)
-        resumed = await SQL.resume_queue.fetchrow(self.db, queue=queue, **_recorded(actor), reason=reason)
-        if resumed is not None:
-            self.cursors.forget(queue)
-            await self._hint([queue])
-        return resumed is not None
-
-    async def cancel(
-        self, todo_id: str, actor: Actor, reason: str | None = None, *, scope: Scope | None = None
-    ) -> Todo:
-        """A pending or claimed todo is dead-lettered as cancelled (who, when, why); its
-        holder, if any, learns it at its next heartbeat or ack (Cancelled)."""
-        report = await self.cancel_many([todo_id], actor, reason, scope=scope)
-        if not report.changed:
-            raise await self._miss(todo_id, "cancel", actor.name, None, scope)
-        return report.changed[0]
-
-    async def cancel_many(
-        self, todo_ids: Sequence[str], actor: Actor, reason: str | None = None, *, scope: Scope | None = None
-    ) -> BulkReport:
-        actor, reason = check_actor(actor), _reason(reason)
-        report = await self._bulk(
-            "cancelled",
-            todo_ids,
-            lambda ids: SQL.cancel_many.fetch(
-                self.db, ids=ids, **_recorded(actor), reason=reason, scope=_queues(scope)
-            ),
-        )
-        for todo in report.changed:
-            metrics.cancelled(todo)
-        await self._hint(t.queue for t in report.changed)
-        return report
-
-    async def run_now(self, todo_id: str, actor: Actor, *, scope: Scope | None = None) -> Todo:
-        """A scheduled or retrying todo becomes claimable now."""
-        report = await self.run_now_many([todo_id], actor, scope=scope)
-        if not report.changed:
-            miss = await self._miss(todo_id, "run", actor.name, None, scope)
-            if isinstance(miss, Conflict) and miss.current.get("state") == "pending":
-                miss = Conflict(
-                    f"todo {todo_id} is ready already: there is nothing to run now", current=miss.current
-                )
-            raise miss
-        return report.changed[0]
-
-    async def run_now_many(
-        self, todo_ids: Sequence[str], actor: Actor, *, scope: Scope | None = None
-    ) -> BulkReport:
-        actor = check_actor(actor)
-        report = await self._bulk(
-            "made ready",
-            todo_ids,
-            lambda ids: SQL.run_now_many.fetch(self.db, ids=ids, **_recorded(actor), scope=_queues(scope)),
-        )
-        await self._hint(t.queue for t in report.changed)
-        return report
-
-    async def set_many(
-        self,
-        todo_ids: Sequence[str],
-        actor: Actor,
-        *,
-        priority: int | None = None,
-        assignee: str | msgspec.UnsetType | None = msgspec.UNSET,
-        scope: Scope | None = None,
-    ) -> BulkReport:
-        """Set the priority and/or the assignee (None: nobody) of pending and dead todos;
-        those already so are skipped."""
-        actor = check_actor(actor)
-        if priority is None and assignee is msgspec.UNSET:
-            raise InvalidInput("priority", "say what to set: a priority or an assignee")
-        if priority is not None:
-            check_priority(priority)
-        set_assignee = assignee is not msgspec.UNSET
-        assignee = check_text(assignee, "assignee") if set_assignee else None
-        report = await self._bulk(
-            "changed",
-            todo_ids,
-            lambda ids: SQL.set_many.fetch(
-                self.db,
-                ids=ids,
-                **_recorded(actor),
-                priority=priority,
-                set_assignee=set_assignee,
-                assignee=assignee,
-                scope=_queues(scope),
-            ),
-        )
-        self.cursors.forget()
-        await self._hint(t.queue for t in report.changed if t.state == "pending")
-        return report
-
-    async def edit(
-        self,
-        todo_id: str,
-        actor: Actor,
-        edit: TodoEdit,
-        *,
-        retry: bool = False,
-        version: str | None = None,
-        scope: Scope | None = None,
-    ) -> Todo:
-        """Change a pending or dead todo (never a claimed one); the history row says what
-        changed, old → new. With `retry`, a dead todo is retried (a fresh budget) and
-        edited in one transaction: both or neither. With `version` (Todo.version of what
-        the caller read), a todo changed since is refused (Stale, saying what changed);
-        without, the fields given are written over the todo as it is."""
-        check_actor(actor)
-        todo_id = check_id(todo_id)
-        if version is not None:
-            check_version(version)
-        if not retry:
-            todo = await _edit(self.db, todo_id, actor, edit, scope, version)
-        else:
-            try:
-                async with transaction(self.db) as conn:
-                    if version is not None:  # before the retry changes it
-                        await _unchanged(conn, await _read(conn, todo_id, scope, SQL.lock_todo), version)
-                    record = await _retried(conn, todo_id, actor, one_more=False)
-                    if record is None:
-                        raise await self._miss(todo_id, "retry", actor.name, None, scope)
-                    todo = await _edit(conn, todo_id, actor, edit, scope)
-            except asyncpg.UniqueViolationError:
-                raise await self._key_taken(todo_id) from None
-            metrics.retried(todo)
-        self.cursors.forget()
-        if todo.state == "pending":
-            await self._hint([todo.queue])
-        return todo
-
-    async def _bulk(
-        self, done: str, todo_ids: Sequence[str], run: Callable[[list[str]], Awaitable[list]]
-    ) -> BulkReport:
-        """`run` over `todo_ids` in batches of BULK_BATCH, one statement each; the report
-        says what changed and, for the rest, what state they were in instead."""
-        ids = list(dict.fromkeys(check_id(todo_id) for todo_id in todo_ids))
-        if not ids:
-            raise InvalidInput("ids", "select at least one todo")
-        changed: list[Todo] = []
-        for at in range(0, len(ids), BULK_BATCH):
-            changed += await self._todos(await run(ids[at : at + BULK_BATCH]))
-        left = sorted(set(ids) - {t.id for t in changed})
-        skipped = {}
-        if left:
-            skipped = {r["state"]: r["n"] for r in await SQL.states_of.fetch(self.db, ids=left)}
-            if missing := len(left) - sum(skipped.values()):
-                skipped["gone"] = missing
-        return BulkReport(done=done, changed=changed, skipped=skipped)
-
     # -- waiters ---------------------------------------------------------------------
 
     async def watch(self, todo_id: str, *, scope: Scope | None = None) -> None:
         """Mark a pending or claimed todo watched: whichever transition finishes it then
         hints it by id. Subscribe first (Hub.watch) and read the todo after this: either
         the finishing statement sees the mark, or the read sees the todo finished."""
-        await SQL.watch.execute(self.db, id=check_id(todo_id), scope=_queues(scope))
+        await SQL.watch.execute(self.db, id=check_id(todo_id), scope=scope_queues(scope))
 
     # -- internals -------------------------------------------------------------------
 
@@ -755,97 +467,7 @@ class Store:
         self.cursors.ended(key, start, claimed, time.monotonic() - began)
         return records
 
-    async def _hint(self, queues: Iterable[str], todos: Iterable[str] = ()) -> None:
-        """Hint `queues` (and finished watched `todos`) after the commit. Without a hub, by
-        one statement, whose failure is logged, not raised: the change is committed, and a
-        lost hint only delays work (claimers and waiters poll)."""
-        due, finished = set(queues), set(todos)
-        if not due and not finished:
-            return
-        if self.hints is not None:
-            self.hints.send(due, finished)
-            return
-        try:
-            await HINTS.send.execute(self.db, queues=sorted(due), todos=sorted(finished))
-        except DatabaseUnavailable as exc:
-            log.warning("hint for %s not sent (%s): claimers and waiters poll", sorted(due | finished), exc)
-
-    async def _todos(self, records: Iterable) -> list[Todo]:
-        """The todos of a transition's rows; the one place where finishing is hinted, so
-        every transition that turns its rows into todos here wakes waiters: a watched todo
-        (`watch`) the statement left done or failed is hinted by id, after the commit. An
-        unwatched one, the hot path, costs a look at a column of the row in hand."""
-        records = list(records)
-        finished = [r["id"] for r in records if r.get("watched") and r["state"] in FINISHED]
-        if finished:
-            await self._hint((), finished)
-        return [Todo.from_record(r) for r in records]
-
-    async def _one(self, record, todo_id: str, action: str, owner: str, lease: int | None, scope) -> Todo:
-        if record is None:
-            raise await self._miss(todo_id, action, owner, lease, scope)
-        return (await self._todos([record]))[0]
-
-    async def _miss(
-        self, todo_id: str, action: str, actor: str, lease: int | None = None, scope: Scope | None = None
-    ) -> Exception:
-        """Classify a guarded transition that matched nothing (a todo outside `scope`
-        raises NotFound right here: to its token, it does not exist)."""
-        row = await SQL.classify_miss.fetchrow(self.db, id=todo_id)
-        if row is None:
-            return NotFound(f"no todo {todo_id}")
-        if scope is not None:
-            scope.check_todo(todo_id, row["queue"])
-        state, owner, assignee = row["state"], row["owner"], row["assignee"]
-        if row["cancelled_at"] is not None:
-            by = f"{row['cancelled_by_kind']} {row['cancelled_by']}"
-            why = f": {row['cancel_reason']}" if row["cancel_reason"] else ""
-            facts = f"it was cancelled by {by} at {row['cancelled_at'].isoformat()}{why}"
-            if lease is not None and owner == actor and lease == row["lease_token"]:
-                # Its holder: stop the work, nobody wants it any more.
-                return Cancelled(
-                    f"cannot {action} todo {todo_id}: {facts}; stop working on it",
-                    current={
-                        "state": state,
-                        "cancelled_by_kind": row["cancelled_by_kind"],
-                        "cancelled_by": row["cancelled_by"],
-                        "reason": row["cancel_reason"],
-                    },
-                )
-        else:
-            facts = f"it is {state}"
-        if state == "claimed":
-            facts += f" by {owner}"
-        elif owner and row["cancelled_at"] is None:
-            facts += f" (last owner {owner})"
-        if state == "pending" and row["ready_at"] > row["now"]:
-            if row["next_retry_at"]:
-                facts += f", retrying at {row['next_retry_at'].isoformat()}"
-            else:
-                facts += f", scheduled for {row['ready_at'].isoformat()}"
-        if assignee:
-            facts += f", assigned to {assignee}"
-            if row["assignee_until"]:
-                facts += f" until {row['assignee_until'].isoformat()}"
-        if row["paused_at"] is not None and state == "pending":
-            facts += f"; queue {row['queue']} is paused"
-            if row["paused_reason"]:
-                facts += f" ({row['paused_reason']})"
-        if lease is not None and state == "claimed" and owner == actor and lease != row["lease_token"]:
-            facts += f"; lease {lease} is stale (the current lease is {row['lease_token']})"
-        if lease is not None and lease != row["lease_token"]:  # a later claim superseded it
-            metrics.fenced(row["queue"], action)
-            await SQL.record_stale_ack.execute(
-                self.db, agent=actor, id=todo_id, queue=row["queue"], action=action, lease=lease
-            )
-        current = {
-            "state": state,
-            "owner": owner,
-            "assignee": assignee,
-        }
-        return Conflict(f"cannot {action} todo {todo_id}: {facts}", current=current)
-
-    async def _batch_miss(
+    async def _batch_refusal(
         self, ids: list[str], leases: list[int], owner: str, scope: Scope | None
     ) -> Exception:
         """Why an all-or-none batch completed nothing: the first of its todos not held."""
@@ -857,11 +479,8 @@ class Store:
                 lease,
             )
             if not held or (scope is not None and row["queue"] not in scope.queues):
-                return await self._miss(todo_id, "complete", owner, lease, scope)
+                return await self._refusal(todo_id, "complete", owner, lease, scope)
         return Conflict("cannot complete the batch: its todos changed meanwhile; try again")
-
-    async def _key_taken(self, todo_id: str) -> Conflict:
-        return _key_conflict(todo_id, await SQL.live_todo_with_key.fetchrow(self.db, id=todo_id))
 
 
 _TODO_COLUMNS = (
@@ -890,7 +509,7 @@ def _held(todo_id: Any, owner: Any, lease: Any, scope: Scope | None) -> dict[str
         "id": check_id(todo_id),
         "owner": _owner(owner),
         "lease": check_lease(lease),
-        "scope": _queues(scope),
+        "scope": scope_queues(scope),
     }
 
 
@@ -904,183 +523,8 @@ def _checked_ack(i: int, ack: Ack) -> Ack:
         raise type(exc)(f"acks[{i}].{exc.field}", exc.message) from None
 
 
-async def _retried(db, todo_id: str, actor: Actor, *, one_more: bool):
-    """The retry statement's row (None: not dead); raises UniqueViolationError when a live
-    todo holds the key (then a transaction it ran in is aborted: classify outside it)."""
-    return await SQL.retry.fetchrow(db, id=todo_id, **_recorded(actor), one_more=one_more)
-
-
-def _key_conflict(todo_id: str, row) -> Conflict:
-    """Why dead todo `todo_id` cannot be retried: `row` (live_todo_with_key) names the live
-    todo that holds its key."""
-    holder = f"{row['live_id']} ({row['live_state']})" if row["live_id"] else "another todo"
-    return Conflict(
-        f"cannot retry todo {todo_id}: a live todo already holds key "
-        f"{row['idempotency_key']!r} in queue {row['queue']}: {holder}",
-        current={"live_todo": row["live_id"]},
-    )
-
-
-def _reason(reason: Any) -> str | None:
-    reason = check_text(reason, "reason", limit=MAX_REASON)
-    return reason.strip() or None if reason is not None else None
-
-
-def _queue_in(queue: Any, scope: Scope | None) -> str:
-    queue = check_queue(queue)
-    if scope is not None:
-        scope.check([queue])
-    return queue
-
-
-CHANGES_SHOWN = 10  # the latest changes a Stale conflict lists (it counts the rest)
-
-
-async def _read(db, todo_id: str, scope: Scope | None, statement=READS.todo) -> Todo:
-    row = await statement.fetchrow(db, id=todo_id)
-    if row is None:
-        raise NotFound(f"no todo {todo_id}")
-    if scope is not None:
-        scope.check_todo(todo_id, row["queue"])
-    return Todo.from_record(row)
-
-
-async def _unchanged(db, todo: Todo, version: str | None) -> None:
-    """Refuse an edit by a caller that read another version of `todo` (Stale), saying
-    what changed it since: who, when, what, from its history."""
-    if version is None or version == todo.version:
-        return
-    rows = await READS.history_since.fetch(
-        db, id=todo.id, since=check_version(version), limit=CHANGES_SHOWN, changes_max=CHANGES_BYTES_SHOWN
-    )
-    rows.reverse()
-    untold = rows[0]["total"] - len(rows) if rows else 0
-    told = [
-        f"{row['at'].astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC {row['actor_kind']} {row['actor']}: "
-        + _short(row["note"], 200)
-        for row in rows
-    ]
-    if untold:
-        told.insert(0, f"{untold} earlier change" + ("s" if untold > 1 else ""))
-    what = ": " + "; ".join(told) if told else ""
-    raise Stale(
-        f"cannot edit todo {todo.id}: it changed after version {version} was read{what}; "
-        f"it is version {todo.version} now",
-        current={
-            "state": todo.state,
-            "version": todo.version,
-            "changed_since": [HistoryEntry(**{k: v for k, v in row.items() if k != "total"}) for row in rows],
-            "changes_untold": untold or None,
-        },
-    )
-
-
-async def _edit(
-    db, todo_id: str, actor: Actor, edit: TodoEdit, scope: Scope | None, version: str | None = None
-) -> Todo:
-    """Read the todo, check the edit against it, and write it guarded by the version read
-    (updated_at): a todo claimed or changed meanwhile is refused, not overwritten. With
-    `version`, the caller's read must be that one too."""
-    given = edit.given()
-    if not given:
-        raise InvalidInput("edit", "give at least one field to change")
-    if "idempotency_key" in given:  # forbid_unknown_fields refuses it from JSON already
-        raise InvalidInput("idempotency_key", "cannot be edited")
-    todo = await _read(db, todo_id, scope)
-    await _unchanged(db, todo, version)
-    if todo.state not in ("pending", "failed"):
-        held = f" by {todo.owner}" if todo.state == "claimed" else ""
-        raise Conflict(
-            f"cannot edit todo {todo_id}: it is {todo.state}{held}; "
-            "only pending and dead todos can be edited",
-            current={"state": todo.state, "owner": todo.owner, "assignee": todo.assignee},
-        )
-    new, run_at = check_edit(todo, edit)
-    changes = {f: [_plain(getattr(todo, f)), _plain(new[f])] for f in EDITABLE if getattr(todo, f) != new[f]}
-    if "payload" in changes:
-        changes["payload"] = payload_diff(todo.payload, new["payload"])
-    if run_at is not None:
-        changes["run_at"] = [_plain(todo.ready_at), _plain(run_at)]
-    if not changes:
-        return todo
-    if actor.kind == "agent" and changes.keys() & {"assignee", "assignee_until"}:
-        await _agent_may_reassign(db, todo, new["assignee_until"])
-    record = await SQL.edit.fetchrow(
-        db,
-        id=todo_id,
-        updated_at=todo.updated_at,
-        **new | {"payload": json_encode(new["payload"])},
-        run_at=run_at,
-        scope=_queues(scope),
-        **_recorded(actor),
-        note="edited: " + "; ".join(_described(f, c) for f, c in changes.items()),
-        changes=json_encode(changes),
-    )
-    if record is None:
-        await _unchanged(db, await _read(db, todo_id, scope), version)
-        raise Conflict(f"cannot edit todo {todo_id}: it changed while the edit was made; read it again")
-    return Todo.from_record(record)
-
-
-async def _agent_may_reassign(db, todo: Todo, until: datetime | None) -> None:
-    """A todo assigned to a person is theirs until its fallback (DESIGN, "Assignment"):
-    only an operator may reassign it before then, and an agent's fallback must lie ahead,
-    or the todo would go to any agent at once. The edit's guard (the version read) makes
-    the check hold at the write."""
-    facts = await SQL.assignment_facts.fetchrow(db, assignee=todo.assignee)
-    if facts["person"] and (todo.assignee_until is None or todo.assignee_until > facts["now"]):
-        until_then = f" until {todo.assignee_until.isoformat()}" if todo.assignee_until else ""
-        raise NotAllowed(
-            f"todo {todo.id} is assigned to {todo.assignee}, a person{until_then}: "
-            "only an operator may reassign it before then"
-        )
-    _fallback_ahead(until, facts["now"], "assignee_until")
-
-
-def _fallback_ahead(until: datetime | None, now: datetime, field: str) -> None:
-    if until is not None and until <= now:
-        raise InvalidInput(
-            field, "must be in the future: a fallback already past hands the todo to any agent at once"
-        )
-
-
-def payload_diff(old: dict, new: dict) -> dict:
-    """What an edit did to a payload, by top-level key: added, removed, changed (old, new)."""
-    return {
-        "added": {k: v for k, v in new.items() if k not in old},
-        "removed": {k: v for k, v in old.items() if k not in new},
-        "changed": {k: [old[k], new[k]] for k in old.keys() & new.keys() if old[k] != new[k]},
-    }
-
-
-def _plain(value: Any) -> Any:
-    return value.isoformat() if isinstance(value, datetime) else value
-
-
-def _described(field: str, change: Any) -> str:
-    if field == "payload":
-        parts = [
-            f"{sign}{', '.join(sorted(change[k]))}"
-            for k, sign in (("added", "+"), ("removed", "−"), ("changed", "~"))
-            if change[k]
-        ]
-        return f"payload {' '.join(parts)}"
-    old, new = change
-    return f"{field} {_short(old)} → {_short(new)}"
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = "none" if value is None else str(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def _error(error: Any) -> str:
     return check_text(error, "error", required=True, limit=MAX_ERROR)
-
-
-def _recorded(actor: Actor) -> dict[str, str]:
-    """The (:actor_kind, :actor) a history row records."""
-    return {"actor_kind": actor.kind, "actor": actor.name}
 
 
 def _owner(owner: Any) -> str:
@@ -1105,7 +549,3 @@ def _claimable_from(queues: Sequence[str], scope: Scope | None) -> list[str]:
 
 def _result(result: dict | None) -> str | None:
     return None if result is None else check_json_object(result, "result")
-
-
-def _queues(scope: Scope | None) -> list[str] | None:
-    return None if scope is None else list(scope.queues)

@@ -20,6 +20,7 @@ import pytest
 import pytest_asyncio
 
 from dashboard import db as dbmod
+from dashboard.control import Control
 from dashboard.migrate import apply_migrations
 from dashboard.store import Store
 from tests.factories import empty_tables
@@ -159,6 +160,12 @@ def store(pool) -> Store:
     return Store(pool)
 
 
+@pytest.fixture
+def control(store) -> Control:
+    """The operators' writer beside `store`, sharing its claim positions as in the app."""
+    return Control(store.db, cursors=store.cursors)
+
+
 # -- one database for a whole module -------------------------------------------------
 # For modules of many small tests: one clone, emptied before each test (far cheaper than
 # CREATE DATABASE per test, and every test still starts from nothing). Such a module says
@@ -188,6 +195,11 @@ async def module_pool(module_dsn):
 def module_store(module_pool) -> Store:
     """A Store per test on the module's pool: its claim positions start afresh."""
     return Store(module_pool)
+
+
+@pytest.fixture
+def module_control(module_store) -> Control:
+    return Control(module_store.db, cursors=module_store.cursors)
 
 
 @pytest_asyncio.fixture(loop_scope="module")
@@ -311,3 +323,9 @@ async def live_conn(live_server):
 def live_store(live_conn) -> Store:
     """A Store on live_conn: a producer or an agent beside the live server."""
     return Store(live_conn)
+
+
+@pytest.fixture
+def live_control(live_store) -> Control:
+    """An operator beside the live server."""
+    return Control(live_store.db)

@@ -12,10 +12,11 @@ from datetime import UTC, datetime
 
 import pytest
 
+from dashboard.control import Control
+from dashboard.edits import CHANGES_SHOWN
 from dashboard.errors import Conflict, InvalidInput, Stale
 from dashboard.models import Actor, TodoEdit, check_version, version_of
 from dashboard.queries import TRANSITIONS
-from dashboard.store import CHANGES_SHOWN, Store
 from tests import test_api
 from tests.conftest import ONE_DATABASE_PER_MODULE
 from tests.factories import dead_letter, enqueue, snapshot, todo_row
@@ -60,12 +61,12 @@ async def test_every_statement_that_changes_a_todo_moves_its_version():
 
 
 async def test_an_edit_of_the_version_read_applies_and_one_of_an_older_version_says_what_changed(
-    module_store, module_pool
+    module_store, module_control, module_pool
 ):
-    store = module_store
+    store, control = module_store, module_control
     todo = await enqueue(store, "e", "a")
     read = todo.version
-    edited = await store.edit(todo.id, OLGA, TodoEdit(title="b"), version=read)
+    edited = await control.edit(todo.id, OLGA, TodoEdit(title="b"), version=read)
     assert edited.title == "b" and edited.version != read
     assert edited.version == (await todo_row(module_pool, todo.id)).version
     held = await store.claim(todo.id, "w1", 30)
@@ -73,7 +74,7 @@ async def test_an_edit_of_the_version_read_applies_and_one_of_an_older_version_s
 
     before = await snapshot(module_pool)
     with pytest.raises(Stale) as caught:
-        await store.edit(todo.id, SAM, TodoEdit(title="c"), version=read)
+        await control.edit(todo.id, SAM, TodoEdit(title="c"), version=read)
     assert await snapshot(module_pool) == before
     stale = caught.value
     changes = stale.current["changed_since"]
@@ -86,17 +87,19 @@ async def test_an_edit_of_the_version_read_applies_and_one_of_an_older_version_s
     assert stale.current["changes_untold"] is None
     assert "operator olga: edited: title a → b; " in str(stale)
     assert str(stale).endswith(f"it is version {released.version} now")
-    assert (await store.edit(todo.id, SAM, TodoEdit(title="c"), version=released.version)).title == "c"
+    assert (await control.edit(todo.id, SAM, TodoEdit(title="c"), version=released.version)).title == "c"
 
 
-async def test_a_stale_edit_is_refused_before_it_is_judged_and_the_latest_changes_are_listed(module_store):
-    store = module_store
+async def test_a_stale_edit_is_refused_before_it_is_judged_and_the_latest_changes_are_listed(
+    module_store, module_control
+):
+    store, control = module_store, module_control
     todo = await enqueue(store, "e", "t")
     for n in range(1, CHANGES_SHOWN + 3):
-        await store.edit(todo.id, OLGA, TodoEdit(title=f"t{n}"))
+        await control.edit(todo.id, OLGA, TodoEdit(title=f"t{n}"))
     await store.claim(todo.id, "w1", 30)
     with pytest.raises(Stale) as caught:  # a claimed todo: the version speaks first
-        await store.edit(todo.id, SAM, TodoEdit(priority=-11), version=todo.version)
+        await control.edit(todo.id, SAM, TodoEdit(priority=-11), version=todo.version)
     changes = caught.value.current["changed_since"]
     assert len(changes) == CHANGES_SHOWN and caught.value.current["changes_untold"] == 3
     last = f"edited: title t{CHANGES_SHOWN + 1} → t{CHANGES_SHOWN + 2}"
@@ -104,36 +107,36 @@ async def test_a_stale_edit_is_refused_before_it_is_judged_and_the_latest_change
     assert "3 earlier changes; " in str(caught.value)
     current = caught.value.current["version"]
     with pytest.raises(Conflict, match="it is claimed by w1") as caught:
-        await store.edit(todo.id, SAM, TodoEdit(priority=1), version=current)
+        await control.edit(todo.id, SAM, TodoEdit(priority=1), version=current)
     assert not isinstance(caught.value, Stale)
 
 
-async def test_without_a_version_an_edit_writes_over_the_todo_as_it_is(module_store):
+async def test_without_a_version_an_edit_writes_over_the_todo_as_it_is(module_control, module_store):
     todo = await enqueue(module_store, "e", "a")
-    await module_store.edit(todo.id, OLGA, TodoEdit(title="b"))
-    assert (await module_store.edit(todo.id, SAM, TodoEdit(title="c"))).title == "c"
+    await module_control.edit(todo.id, OLGA, TodoEdit(title="b"))
+    assert (await module_control.edit(todo.id, SAM, TodoEdit(title="c"))).title == "c"
 
 
-async def test_a_malformed_version_is_refused_and_changes_nothing(module_store, module_pool):
+async def test_a_malformed_version_is_refused_and_changes_nothing(module_control, module_store, module_pool):
     todo = await enqueue(module_store, "e", "a")
     before = await snapshot(module_pool)
     for bad in ("abc", "", f'"{todo.version}"'):
         with pytest.raises(InvalidInput) as caught:
-            await module_store.edit(todo.id, OLGA, TodoEdit(title="b"), version=bad)
+            await module_control.edit(todo.id, OLGA, TodoEdit(title="b"), version=bad)
         assert caught.value.field == "version"
     assert await snapshot(module_pool) == before
 
 
-async def test_edit_and_retry_checks_the_version_before_the_retry(module_store, module_pool):
-    store = module_store
+async def test_edit_and_retry_checks_the_version_before_the_retry(module_store, module_control, module_pool):
+    store, control = module_store, module_control
     dead = await dead_letter(store, module_pool, "e", payload={"to": "bad@"})
-    changed = await store.edit(dead.id, OLGA, TodoEdit(title="renamed"))
+    changed = await control.edit(dead.id, OLGA, TodoEdit(title="renamed"))
     before = await snapshot(module_pool)
     with pytest.raises(Stale) as caught:
-        await store.edit(dead.id, SAM, TodoEdit(payload={"to": "ok@"}), retry=True, version=dead.version)
+        await control.edit(dead.id, SAM, TodoEdit(payload={"to": "ok@"}), retry=True, version=dead.version)
     assert [c.note for c in caught.value.current["changed_since"]] == ["edited: title t → renamed"]
     assert await snapshot(module_pool) == before
-    retried = await store.edit(
+    retried = await control.edit(
         dead.id, SAM, TodoEdit(payload={"to": "ok@"}), retry=True, version=changed.version
     )
     assert (retried.state, retried.title, retried.payload) == ("pending", "renamed", {"to": "ok@"})
@@ -146,13 +149,17 @@ async def lock_waiters(db) -> int:
     )
 
 
-async def test_a_change_between_the_edits_read_and_its_write_is_named_too(module_store, module_pool):
+async def test_a_change_between_the_edits_read_and_its_write_is_named_too(
+    module_control, module_store, module_pool
+):
     """The todo is at the version read when the edit reads it, and changed (by a transaction
     that held its row) before the edit's write: refused, naming that change."""
     todo = await enqueue(module_store, "e", "a")
     async with module_pool.acquire() as conn, conn.transaction():
-        await Store(conn).edit(todo.id, OLGA, TodoEdit(title="b"))
-        late = asyncio.create_task(module_store.edit(todo.id, SAM, TodoEdit(title="c"), version=todo.version))
+        await Control(conn).edit(todo.id, OLGA, TodoEdit(title="b"))
+        late = asyncio.create_task(
+            module_control.edit(todo.id, SAM, TodoEdit(title="c"), version=todo.version)
+        )
         await eventually(lambda: lock_waiters(module_pool), lambda n: n >= 1, within=30)
     with pytest.raises(Stale) as caught:
         await late
@@ -161,7 +168,7 @@ async def test_a_change_between_the_edits_read_and_its_write_is_named_too(module
 
 
 async def test_a_duplicate_delivery_moves_the_version_after_the_change_it_waited_for(
-    module_store, module_pool
+    module_control, module_store, module_pool
 ):
     """A create that collapses onto a live todo whose row another transaction holds sets
     updated_at when it gets the row (not when it began): so the changes since the version
@@ -171,13 +178,13 @@ async def test_a_duplicate_delivery_moves_the_version_after_the_change_it_waited
         await conn.execute("SELECT 1 FROM todos WHERE id = $1 FOR UPDATE", todo.id)
         duplicate = asyncio.create_task(enqueue(module_store, "e", "a", idempotency_key="k"))
         await eventually(lambda: lock_waiters(module_pool), lambda n: n >= 1, within=30)
-        await Store(conn).edit(todo.id, OLGA, TodoEdit(title="b"))
+        await Control(conn).edit(todo.id, OLGA, TodoEdit(title="b"))
     assert (await duplicate).id == todo.id
     read = await todo_row(module_pool, todo.id)
     assert (read.title, read.dedupe_hits) == ("b", 1)
-    await module_store.edit(todo.id, OLGA, TodoEdit(priority=2))
+    await module_control.edit(todo.id, OLGA, TodoEdit(priority=2))
     with pytest.raises(Stale) as caught:
-        await module_store.edit(todo.id, SAM, TodoEdit(title="c"), version=read.version)
+        await module_control.edit(todo.id, SAM, TodoEdit(title="c"), version=read.version)
     assert [c.note for c in caught.value.current["changed_since"]] == ["edited: priority 0 → 2"]
 
 
@@ -238,10 +245,10 @@ async def test_a_malformed_if_match_is_a_422_naming_it_and_changes_nothing(
 
 
 async def test_without_if_match_or_with_a_star_an_edit_applies_to_the_todo_as_it_is(
-    api_client, module_store, module_pool, bot
+    module_control, api_client, module_store, module_pool, bot
 ):
     todo = await enqueue(module_store, "work", "a")
-    await module_store.edit(todo.id, OLGA, TodoEdit(title="b"))
+    await module_control.edit(todo.id, OLGA, TodoEdit(title="b"))
     blind = await edit(api_client, bot, todo.id, {"title": "c"})
     assert blind.status_code == 200 and blind.json()["title"] == "c"
     star = await edit(api_client, bot, todo.id, {"title": "d"}, if_match="*")
@@ -250,11 +257,11 @@ async def test_without_if_match_or_with_a_star_an_edit_applies_to_the_todo_as_it
 
 
 async def test_edit_and_retry_over_the_api_with_a_stale_if_match_leaves_the_todo_dead(
-    api_client, module_store, module_pool, bot
+    module_control, api_client, module_store, module_pool, bot
 ):
     dead = await dead_letter(module_store, module_pool, "work")
     read = etag_of(await api_client.get(f"{API}/todos/{dead.id}", headers=bot))
-    await module_store.edit(dead.id, OLGA, TodoEdit(priority=3))
+    await module_control.edit(dead.id, OLGA, TodoEdit(priority=3))
     before = await snapshot(module_pool)
     stale = await edit(api_client, bot, dead.id, {"title": "fixed"}, if_match=read, retry="true")
     assert [c["note"] for c in problem(stale, 409)["changed_since"]] == ["edited: priority 0 → 3"]

@@ -89,7 +89,7 @@ async def scrape(client, **headers) -> dict:
 # -- counters ----------------------------------------------------------------------------
 
 
-async def test_each_transition_moves_its_counter_for_its_queue_only(open_metrics, store, pool):
+async def test_each_transition_moves_its_counter_for_its_queue_only(control, open_metrics, store, pool):
     q, other = unique("m"), unique("m")
     await enqueue(store, other)
     start = await scrape(open_metrics)
@@ -115,12 +115,12 @@ async def test_each_transition_moves_its_counter_for_its_queue_only(open_metrics
         await store.fail(todo.id, todo.owner, again.lease_token, "twice")
 
     assert await step(fail_twice) == {"failed": 2, "claimed": 1, "dead_lettered": 1}
-    assert await step(lambda: store.retry(todo.id, Actor("operator", "olga"))) == {"retried": 1}
+    assert await step(lambda: control.retry(todo.id, Actor("operator", "olga"))) == {"retried": 1}
 
     held = await claimed(store, q)
     assert await step(lambda: store.release(held.id, "w1", held.lease_token)) == {"released": 1}
     held = await store.claim(held.id, "w1", 30)
-    assert await step(lambda: store.force_release(held.id, Actor("operator", "olga"))) == {"released": 1}
+    assert await step(lambda: control.force_release(held.id, Actor("operator", "olga"))) == {"released": 1}
 
     held = await store.claim(held.id, "w1", 30)
     dying = await claimed(store, q, max_attempts=1)

@@ -47,6 +47,7 @@ from hypothesis.stateful import (
 
 from dashboard import db as dbmod
 from dashboard.claim_cursor import MAX_FULL_SCAN_EVERY, ClaimCursors
+from dashboard.control import Control
 from dashboard.errors import Cancelled, Conflict, InvalidInput, NotFound
 from dashboard.models import MAX_REASON, PRODUCER, Actor, NewTodo, Todo, TodoEdit
 from dashboard.store import Store
@@ -383,11 +384,12 @@ class QueueMachine(RuleBasedStateMachine):
         except BaseException:
             self.teardown()
             raise
-        self.store = Store(self.conn)
         # The claim cursors' clock is the machine's (Model.start): it moves only in
-        # claimers_rescan.
+        # claimers_rescan. The agents' and the operators' writers share them, as in the app.
         self.clock = 0.0
-        self.store.cursors = ClaimCursors(clock=lambda: self.clock)
+        cursors = ClaimCursors(clock=lambda: self.clock)
+        self.store = Store(self.conn, cursors=cursors)
+        self.control = Control(self.conn, cursors=cursors)
 
     def teardown(self):
         try:
@@ -826,7 +828,7 @@ class QueueMachine(RuleBasedStateMachine):
         note(f"retry({todo_id}, one_more={one_more})")
         t = self.model.get(todo_id)
         refused, holder = self.retry_refused(t)
-        outcome, got = self.call(self.store.retry(todo_id, OPERATOR, one_more=one_more))
+        outcome, got = self.call(self.control.retry(todo_id, OPERATOR, one_more=one_more))
         self.expect("retry", outcome, got, refused or OK, t)
         if holder is not None:
             assert holder.id in str(got), f"the Conflict must name the live todo: {got}"
@@ -849,7 +851,7 @@ class QueueMachine(RuleBasedStateMachine):
         note(f"force_release({todo_id})")
         t = self.model.get(todo_id)
         expected = NOT_FOUND if t is None else OK if t.state == "claimed" else CONFLICT
-        outcome, got = self.call(self.store.force_release(todo_id, OPERATOR))
+        outcome, got = self.call(self.control.force_release(todo_id, OPERATOR))
         self.expect("force_release", outcome, got, expected, t)
         if outcome == OK:
             t.state, t.owner, t.lease = "pending", None, None
@@ -870,7 +872,7 @@ class QueueMachine(RuleBasedStateMachine):
         note(f"{'pause' if pause else 'resume'}({queue}, {actor.name}, {reason!r})")
         why = reason_recorded(reason)
         if pause:
-            outcome, got = self.call(self.store.pause(queue, actor, reason))
+            outcome, got = self.call(self.control.pause(queue, actor, reason))
             self.expect("pause", outcome, got, OK)
             if queue not in self.model.paused:
                 self.model.paused[queue] = (actor, why)
@@ -879,7 +881,7 @@ class QueueMachine(RuleBasedStateMachine):
             first, first_why = self.model.paused[queue]
             assert (got.queue, Actor(got.actor_kind, got.actor), got.reason) == (queue, first, first_why), got
         else:
-            outcome, got = self.call(self.store.resume(queue, actor, reason))
+            outcome, got = self.call(self.control.resume(queue, actor, reason))
             self.expect("resume", outcome, got, OK)
             paused = queue in self.model.paused
             assert got is paused, f"resume({queue}) says {got}, the queue was paused: {paused}"
@@ -900,7 +902,7 @@ class QueueMachine(RuleBasedStateMachine):
         note(f"cancel({todo_id}, {actor.name}, {reason!r})")
         t = self.model.get(todo_id)
         expected = NOT_FOUND if t is None else OK if t.state in LIVE else CONFLICT
-        outcome, got = self.call(self.store.cancel(todo_id, actor, reason))
+        outcome, got = self.call(self.control.cancel(todo_id, actor, reason))
         self.expect("cancel", outcome, got, expected, t)
         if outcome == OK:
             # Dead-lettered with the cancellation; a holder keeps its name and lease token,
@@ -937,7 +939,7 @@ class QueueMachine(RuleBasedStateMachine):
         note(f"run_now({todo_id}, {actor.name})")
         t = self.model.get(todo_id)
         expected = NOT_FOUND if t is None else OK if t.waiting else CONFLICT
-        outcome, got = self.call(self.store.run_now(todo_id, actor))
+        outcome, got = self.call(self.control.run_now(todo_id, actor))
         self.expect("run_now", outcome, got, expected, t)
         if outcome == OK:
             # Due now: at the back of its priority level.
@@ -989,7 +991,7 @@ class QueueMachine(RuleBasedStateMachine):
                 or (state == "pending" and given.get("max_attempts", attempt) < attempt)
             )
             expected = INVALID if refused else OK
-        outcome, got = self.call(self.store.edit(todo_id, actor, TodoEdit(**given), retry=with_retry))
+        outcome, got = self.call(self.control.edit(todo_id, actor, TodoEdit(**given), retry=with_retry))
         self.expect("edit", outcome, got, expected, t)
         if holder is not None:
             assert holder.id in str(got), f"the Conflict must name the live todo: {got}"
@@ -1048,7 +1050,7 @@ class QueueMachine(RuleBasedStateMachine):
                 changed.append(t)
             else:
                 skipped[t.state] += 1  # claimed, finished, or already so
-        outcome, got = self.call(self.store.set_many(ids, actor, **sets))
+        outcome, got = self.call(self.control.set_many(ids, actor, **sets))
         self.expect("set_many", outcome, got, OK)
         assert sorted(g.id for g in got.changed) == sorted(t.id for t in changed), (
             f"set_many: store changed {sorted(g.id for g in got.changed)}, "
@@ -1102,7 +1104,7 @@ class QueueMachine(RuleBasedStateMachine):
         bad_ttl = data.draw(st.sampled_from([0, 0.5, 12 * 3600 + 1]), label="ttl")
         bad_queues = data.draw(st.sampled_from([[], ["Bad!"], ["a", ""]]), label="queues")
         note(f"invalid {which}: {todo_id}, {owner}, lease={lease}, ttl={bad_ttl}, {bad_queues}")
-        s = self.store
+        s, c = self.store, self.control
         too_long = "x" * (MAX_REASON + 1)
         past_a_year = (datetime.now(UTC) + timedelta(days=400)).isoformat()
 
@@ -1130,16 +1132,16 @@ class QueueMachine(RuleBasedStateMachine):
             "complete_and_claim_next ttl": lambda: s.complete_and_claim_next(
                 todo_id, owner, lease, None, ["a"], bad_ttl
             ),
-            "edit nothing": lambda: s.edit(todo_id, OPERATOR, TodoEdit()),
-            "set_many priority": lambda: s.set_many(
+            "edit nothing": lambda: c.edit(todo_id, OPERATOR, TodoEdit()),
+            "set_many priority": lambda: c.set_many(
                 [todo_id], OPERATOR, priority=data.draw(st.sampled_from([-11, 11]))
             ),
-            "set_many nothing": lambda: s.set_many([todo_id], OPERATOR),
-            "set_many no ids": lambda: s.set_many([], OPERATOR, priority=1),
-            "pause queue": lambda: s.pause("Bad!", OPERATOR),
-            "pause reason": lambda: s.pause("a", OPERATOR, too_long),
-            "resume queue": lambda: s.resume("", OPERATOR),
-            "cancel reason": lambda: s.cancel(todo_id, OPERATOR, too_long),
+            "set_many nothing": lambda: c.set_many([todo_id], OPERATOR),
+            "set_many no ids": lambda: c.set_many([], OPERATOR, priority=1),
+            "pause queue": lambda: c.pause("Bad!", OPERATOR),
+            "pause reason": lambda: c.pause("a", OPERATOR, too_long),
+            "resume queue": lambda: c.resume("", OPERATOR),
+            "cancel reason": lambda: c.cancel(todo_id, OPERATOR, too_long),
         }[which]
         outcome, got = self.call(call())
         self.expect(which, outcome, got, INVALID)
@@ -1265,15 +1267,15 @@ async def _existing(server_dsn: str, names: list[str]) -> list[str]:
 # -- two cases the model found ----------------------------------------------------------
 
 
-async def test_an_edit_conflict_says_the_assignee(store):
+async def test_an_edit_conflict_says_the_assignee(store, control):
     """DESIGN: a refused transition's Conflict says the todo's state, owner and assignee."""
     todo = await factories.claimed(store, "q", assignee="w1", owner="w1")
     with pytest.raises(Conflict) as refused:
-        await store.edit(todo.id, OPERATOR, TodoEdit(title="new"))
+        await control.edit(todo.id, OPERATOR, TodoEdit(title="new"))
     assert refused.value.current == {"state": "claimed", "owner": "w1", "assignee": "w1"}
 
 
-async def test_an_edit_that_keeps_max_attempts_is_not_refused_for_it(store):
+async def test_an_edit_that_keeps_max_attempts_is_not_refused_for_it(store, control):
     """DESIGN: a pending todo's title (priority, …) can be edited. One released at its cap
     and claimed again has used more attempts than max_attempts; an edit that does not
     lower max_attempts has nothing to refuse."""
@@ -1282,5 +1284,5 @@ async def test_an_edit_that_keeps_max_attempts_is_not_refused_for_it(store):
     todo = await store.claim(todo.id, "w1", TTL)
     todo = await store.release(todo.id, "w1", todo.lease_token)
     assert (todo.state, todo.attempt, todo.max_attempts) == ("pending", 2, 1)
-    edited = await store.edit(todo.id, OPERATOR, TodoEdit(title="new"))
+    edited = await control.edit(todo.id, OPERATOR, TodoEdit(title="new"))
     assert edited.title == "new"

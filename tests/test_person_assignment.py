@@ -91,12 +91,12 @@ async def test_after_the_fallback_any_agent_of_the_queue_may_take_it(client, poo
     assert done.status_code == 200, done.text
 
 
-async def test_an_operator_may_reassign_a_person_s_todo(client, pool, store):
+async def test_an_operator_may_reassign_a_person_s_todo(control, client, pool, store):
     queue = unique("ask")
     await Accounts(pool).add_operator("alice", "operator")
     asker, other = await agent_token(pool, "asker", [queue]), await agent_token(pool, "grabber", [queue])
     todo = await created(client, asker, queue=queue, assignee="alice", assignee_until=iso(timedelta(hours=1)))
-    await store.edit(todo["id"], Actor("operator", "olga"), TodoEdit(assignee="grabber"))
+    await control.edit(todo["id"], Actor("operator", "olga"), TodoEdit(assignee="grabber"))
     claimed = await client.post(f"{API}/claims", json={"queues": [queue]}, headers=other)
     assert claimed.status_code == 200 and claimed.json()["id"] == todo["id"], claimed.text
 

@@ -9,6 +9,7 @@ from collections import Counter
 import pytest
 
 from dashboard import rollups as rollups_module
+from dashboard.control import Control
 from dashboard.errors import Conflict
 from dashboard.models import Actor
 from dashboard.rollups import BOUNDS, SQL, Rollups, next_sample_in, percentile
@@ -93,7 +94,7 @@ async def workload(store: Store, db, rng: random.Random) -> dict[str, Counter]:
                 c["reaped"] += 1
                 c["dead"] += after.state == "failed"
             else:
-                await store.cancel(todo.id, Actor("operator", "olga"), "not needed")
+                await Control(store.db, store.hints).cancel(todo.id, Actor("operator", "olga"), "not needed")
                 c["cancelled"] += 1
     return did
 

@@ -335,13 +335,13 @@ async def test_every_row_a_lease_holder_writes_is_kind_agent_whatever_its_name_l
     assert len(written) == 3 + 9
 
 
-async def test_a_plain_string_is_not_an_actor(module_store, module_pool):
+async def test_a_plain_string_is_not_an_actor(module_control, module_store, module_pool):
     dead = await claimed(module_store)
     for call in (
         lambda: module_store.create(new_todo(), actor="operator:admin"),
-        lambda: module_store.force_release(dead.id, "operator:admin"),
-        lambda: module_store.retry(dead.id, Actor("admin", "x")),
-        lambda: module_store.force_release(dead.id, Actor("operator", "")),
+        lambda: module_control.force_release(dead.id, "operator:admin"),
+        lambda: module_control.retry(dead.id, Actor("admin", "x")),
+        lambda: module_control.force_release(dead.id, Actor("operator", "")),
     ):
         with pytest.raises(InvalidInput) as exc:
             await call()

@@ -71,9 +71,11 @@ async def test_a_lapsed_lease_cannot_act_after_the_todo_was_claimed_again(
     assert (await todo_row(module_pool, old.id)).result == {"by": "new"}
 
 
-async def test_a_lease_taken_back_by_an_operator_and_claimed_again_is_fenced(module_store, module_pool):
+async def test_a_lease_taken_back_by_an_operator_and_claimed_again_is_fenced(
+    module_control, module_store, module_pool
+):
     old = await claimed(module_store, owner="agent-a")
-    await module_store.force_release(old.id, Actor("operator", "op-ann"))
+    await module_control.force_release(old.id, Actor("operator", "op-ann"))
     current = await module_store.claim(old.id, "agent-a", 30)
     with pytest.raises(Conflict, match="is stale"):
         await module_store.complete(old.id, "agent-a", old.lease_token, {"by": "old"})
@@ -82,13 +84,15 @@ async def test_a_lease_taken_back_by_an_operator_and_claimed_again_is_fenced(mod
     }
 
 
-async def test_the_lease_token_is_never_reused_even_after_an_operator_retry(module_store, module_pool):
+async def test_the_lease_token_is_never_reused_even_after_an_operator_retry(
+    module_control, module_store, module_pool
+):
     first = await claimed(module_store, max_attempts=2)
     await module_store.fail(first.id, "w1", first.lease_token, "boom")
     await make_retry_due(module_pool, first.id)
     second = await module_store.claim(first.id, "w1", 30)
     assert (await module_store.fail(first.id, "w1", second.lease_token, "boom")).state == "failed"
-    await module_store.retry(first.id, Actor("operator", "op-ann"))
+    await module_control.retry(first.id, Actor("operator", "op-ann"))
     again = await module_store.claim(first.id, "w1", 30)
     assert again.attempt == 1
     assert_new_token(second.lease_token, first.lease_token)
@@ -144,7 +148,9 @@ async def test_a_lease_handed_out_before_random_tokens_keeps_working_until_the_n
 # -- history over a whole life -----------------------------------------------------------
 
 
-async def test_a_todos_whole_life_is_in_its_history_one_row_per_transition(module_store, module_pool):
+async def test_a_todos_whole_life_is_in_its_history_one_row_per_transition(
+    module_control, module_store, module_pool
+):
     todo = await enqueue(module_store, max_attempts=3, idempotency_key="life")
     await module_store.create(new_todo(idempotency_key="life"))
     a = await module_store.claim_next(["q"], "w1", 30)
@@ -157,9 +163,9 @@ async def test_a_todos_whole_life_is_in_its_history_one_row_per_transition(modul
     await module_store.promote_due_retries()
     c = await module_store.claim(todo.id, "w3", 30)
     await module_store.fail(todo.id, "w3", c.lease_token, "gave up")
-    await module_store.retry(todo.id, Actor("operator", "op-ann"))
+    await module_control.retry(todo.id, Actor("operator", "op-ann"))
     d = await module_store.claim(todo.id, "w4", 30)
-    await module_store.force_release(todo.id, Actor("operator", "op-bob"))
+    await module_control.force_release(todo.id, Actor("operator", "op-bob"))
     e = await module_store.claim(todo.id, "w5", 30)
     await module_store.complete(todo.id, "w5", e.lease_token, {"ok": True})
 

@@ -38,16 +38,16 @@ def fresh(pool):
 # -- pause and resume ---------------------------------------------------------------------
 
 
-async def test_claims_skip_a_paused_queue_and_take_from_the_others(store, pool):
+async def test_claims_skip_a_paused_queue_and_take_from_the_others(control, store, pool):
     a = await enqueue(store, "a", "in a")
     b = await enqueue(store, "b", "in b")
-    pause = await store.pause("a", OPERATOR, "deploy")
+    pause = await control.pause("a", OPERATOR, "deploy")
     assert (pause.queue, pause.actor_kind, pause.actor, pause.reason) == ("a", "operator", "olga", "deploy")
     assert (await store.claim_next(["a", "b"], "w1", 30)).id == b.id
     assert await store.claim_next(["a"], "w1", 30) is None
     with pytest.raises(Conflict, match="queue a is paused \\(deploy\\)"):
         await store.claim(a.id, "w1", 30)
-    assert await store.resume("a", OPERATOR) is True
+    assert await control.resume("a", OPERATOR) is True
     assert (await store.claim_next(["a", "b"], "w1", 30)).id == a.id
     rows = await pool.fetch("SELECT action, actor_kind, actor, reason FROM queue_history ORDER BY id")
     assert [tuple(r) for r in rows] == [
@@ -56,9 +56,9 @@ async def test_claims_skip_a_paused_queue_and_take_from_the_others(store, pool):
     ]
 
 
-async def test_a_paused_queue_still_takes_work_and_its_held_leases_run_on(store):
+async def test_a_paused_queue_still_takes_work_and_its_held_leases_run_on(control, store):
     held = await claimed(store, "a", owner="w1")
-    await store.pause("a", OPERATOR)
+    await control.pause("a", OPERATOR)
     created = await enqueue(store, "a", "while paused")
     assert created.state == "pending"
     await store.heartbeat(held.id, "w1", held.lease_token, 60)
@@ -66,24 +66,24 @@ async def test_a_paused_queue_still_takes_work_and_its_held_leases_run_on(store)
     assert done.state == "done"
 
 
-async def test_pausing_twice_keeps_the_first_pause_and_resuming_an_open_queue_says_so(store, pool):
-    first = await store.pause("a", OPERATOR, "first")
-    again = await store.pause("a", Actor("operator", "other"), "second")
+async def test_pausing_twice_keeps_the_first_pause_and_resuming_an_open_queue_says_so(control, store, pool):
+    first = await control.pause("a", OPERATOR, "first")
+    again = await control.pause("a", Actor("operator", "other"), "second")
     assert (again.actor, again.reason, again.paused_at) == ("olga", "first", first.paused_at)
-    assert await store.resume("b", OPERATOR) is False
+    assert await control.resume("b", OPERATOR) is False
     assert await pool.fetchval("SELECT count(*) FROM queue_history") == 1
 
 
-async def test_a_bad_queue_name_pauses_nothing(store, pool):
+async def test_a_bad_queue_name_pauses_nothing(control, store, pool):
     with pytest.raises(InvalidInput, match="queue"):
-        await store.pause("Not A Queue", OPERATOR)
+        await control.pause("Not A Queue", OPERATOR)
     assert await pool.fetchval("SELECT count(*) FROM queue_pauses") == 0
 
 
-async def test_sixteen_claimers_never_claim_from_the_paused_queue(dsn, store, pool):
+async def test_sixteen_claimers_never_claim_from_the_paused_queue(control, dsn, store, pool):
     await store.create_many([new_todo("open", f"o{i}") for i in range(400)])
     await store.create_many([new_todo("held", f"h{i}") for i in range(400)])
-    await store.pause("held", OPERATOR)
+    await control.pause("held", OPERATOR)
     conns = await asyncio.gather(*(dbmod.connect(dsn) for _ in range(16)))
 
     async def claimer(conn, name):
@@ -118,18 +118,18 @@ async def test_a_scheduled_todo_is_not_claimable_early_and_is_when_due_without_t
     assert got is not None and got.id == todo.id
 
 
-async def test_delay_schedules_on_the_database_clock_and_run_now_makes_it_due(store, pool):
+async def test_delay_schedules_on_the_database_clock_and_run_now_makes_it_due(control, store, pool):
     before = await db_now(pool)
     todo = await enqueue(store, "s", delay=3600)
     assert timedelta(seconds=3599) < todo.ready_at - before < timedelta(seconds=3601)
-    ready = await store.run_now(todo.id, OPERATOR)
+    ready = await control.run_now(todo.id, OPERATOR)
     assert not ready.scheduled(await db_now(pool))
     assert (await store.claim_next(["s"], "w1", 30)).id == todo.id
     assert (await history(pool, todo.id))[1][:4] == ("pending", "pending", "operator", "olga")
     assert (await history(pool, todo.id))[1].note == "run now"
 
 
-async def test_run_now_on_a_retrying_todo_clears_its_retry_and_on_a_ready_one_refuses(store, pool):
+async def test_run_now_on_a_retrying_todo_clears_its_retry_and_on_a_ready_one_refuses(control, store, pool):
     todo = await claimed(store, "s", max_attempts=3)
     todo = await store.fail(todo.id, "w1", todo.lease_token, "later")
     await pool.execute(
@@ -137,10 +137,10 @@ async def test_run_now_on_a_retrying_todo_clears_its_retry_and_on_a_ready_one_re
         " WHERE id = $1",
         todo.id,
     )
-    ready = await store.run_now(todo.id, OPERATOR)
+    ready = await control.run_now(todo.id, OPERATOR)
     assert ready.next_retry_at is None and ready.ready_at <= await db_now(pool)
     with pytest.raises(Conflict, match="is ready already: there is nothing to run now"):
-        await store.run_now(todo.id, OPERATOR)
+        await control.run_now(todo.id, OPERATOR)
 
 
 @pytest.mark.parametrize(
@@ -228,9 +228,9 @@ async def test_fifo_stays_exact_within_one_priority(store, fresh):
 # -- cancellation -------------------------------------------------------------------------------
 
 
-async def test_a_pending_todo_is_cancelled_into_the_dead_letters_with_who_and_why(store, pool):
+async def test_a_pending_todo_is_cancelled_into_the_dead_letters_with_who_and_why(control, store, pool):
     todo = await enqueue(store, "c")
-    cancelled = await store.cancel(todo.id, OPERATOR, "not needed")
+    cancelled = await control.cancel(todo.id, OPERATOR, "not needed")
     assert cancelled.state == "failed" and cancelled.cancelled
     assert (cancelled.cancelled_by_kind, cancelled.cancelled_by, cancelled.cancel_reason) == (
         "operator",
@@ -248,9 +248,9 @@ async def test_a_pending_todo_is_cancelled_into_the_dead_letters_with_who_and_wh
 
 
 @pytest.mark.parametrize("call", ["heartbeat", "complete", "fail", "release"])
-async def test_the_holder_of_a_cancelled_todo_learns_it_at_its_next_call(store, pool, call):
+async def test_the_holder_of_a_cancelled_todo_learns_it_at_its_next_call(control, store, pool, call):
     todo = await claimed(store, "c", owner="w1")
-    await store.cancel(todo.id, Actor("producer", "shop"), "order withdrawn")
+    await control.cancel(todo.id, Actor("producer", "shop"), "order withdrawn")
     args = {
         "heartbeat": (todo.id, "w1", todo.lease_token, 30),
         "complete": (todo.id, "w1", todo.lease_token, {"sent": True}),
@@ -265,35 +265,35 @@ async def test_the_holder_of_a_cancelled_todo_learns_it_at_its_next_call(store, 
     assert (row.state, row.result, row.owner) == ("failed", None, "w1")
 
 
-async def test_another_agent_of_a_cancelled_todo_gets_a_plain_conflict(store):
+async def test_another_agent_of_a_cancelled_todo_gets_a_plain_conflict(control, store):
     todo = await claimed(store, "c", owner="w1")
-    await store.cancel(todo.id, OPERATOR)
+    await control.cancel(todo.id, OPERATOR)
     with pytest.raises(Conflict) as caught:
         await store.complete(todo.id, "w2", todo.lease_token)
     assert not isinstance(caught.value, Cancelled)
 
 
-async def test_a_cancelled_todo_is_retried_like_any_dead_letter(store, pool):
+async def test_a_cancelled_todo_is_retried_like_any_dead_letter(control, store, pool):
     todo = await enqueue(store, "c")
-    await store.cancel(todo.id, OPERATOR, "oops")
-    retried = await store.retry(todo.id, OPERATOR)
+    await control.cancel(todo.id, OPERATOR, "oops")
+    retried = await control.retry(todo.id, OPERATOR)
     assert retried.state == "pending" and not retried.cancelled and retried.cancel_reason is None
     assert (await store.claim_next(["c"], "w1", 30)).id == todo.id
 
 
-async def test_a_finished_todo_cannot_be_cancelled(store):
+async def test_a_finished_todo_cannot_be_cancelled(control, store):
     todo = await claimed(store, "c", owner="w1")
     await store.complete(todo.id, "w1", todo.lease_token)
     with pytest.raises(Conflict, match=r"cannot cancel .* it is done"):
-        await store.cancel(todo.id, OPERATOR)
+        await control.cancel(todo.id, OPERATOR)
 
 
 # -- edit ---------------------------------------------------------------------------------------
 
 
-async def test_an_edit_records_what_changed_old_to_new_with_the_payload_as_a_diff(store, pool):
+async def test_an_edit_records_what_changed_old_to_new_with_the_payload_as_a_diff(control, store, pool):
     todo = await enqueue(store, "e", "old title", payload={"a": 1, "b": 2})
-    edited = await store.edit(
+    edited = await control.edit(
         todo.id, OPERATOR, TodoEdit(title="new title", priority=3, payload={"a": 1, "b": 5, "c": 6})
     )
     assert (edited.title, edited.priority, edited.payload) == ("new title", 3, {"a": 1, "b": 5, "c": 6})
@@ -310,42 +310,42 @@ async def test_an_edit_records_what_changed_old_to_new_with_the_payload_as_a_dif
     assert step.note == "edited: title old title → new title; payload +c ~b; priority 0 → 3"
 
 
-async def test_a_claimed_todo_cannot_be_edited_and_nothing_changes(store, pool):
+async def test_a_claimed_todo_cannot_be_edited_and_nothing_changes(control, store, pool):
     todo = await claimed(store, "e", owner="w1")
     before = await snapshot(pool)
     with pytest.raises(Conflict, match="it is claimed by w1"):
-        await store.edit(todo.id, OPERATOR, TodoEdit(title="x"))
+        await control.edit(todo.id, OPERATOR, TodoEdit(title="x"))
     assert await snapshot(pool) == before
 
 
-async def test_an_edit_that_changes_nothing_writes_nothing(store, pool):
+async def test_an_edit_that_changes_nothing_writes_nothing(control, store, pool):
     todo = await enqueue(store, "e", "same")
-    await store.edit(todo.id, OPERATOR, TodoEdit(title="same"))
+    await control.edit(todo.id, OPERATOR, TodoEdit(title="same"))
     assert len(await history(pool, todo.id)) == 1
 
 
-async def test_edit_and_retry_corrects_a_dead_letter_in_one_step(store, pool):
+async def test_edit_and_retry_corrects_a_dead_letter_in_one_step(control, store, pool):
     todo = await dead_letter(store, pool, "e", payload={"to": "bad@"})
-    retried = await store.edit(todo.id, OPERATOR, TodoEdit(payload={"to": "good@example.com"}), retry=True)
+    retried = await control.edit(todo.id, OPERATOR, TodoEdit(payload={"to": "good@example.com"}), retry=True)
     assert (retried.state, retried.attempt, retried.payload) == ("pending", 0, {"to": "good@example.com"})
     notes = [s.note for s in await history(pool, todo.id)][-2:]
     assert notes == ["retried by operator: fresh budget", "edited: payload ~to"]
 
 
-async def test_edit_and_retry_is_both_or_neither(store, pool):
+async def test_edit_and_retry_is_both_or_neither(control, store, pool):
     """The retry is refused (a live todo holds the key): the edit is not kept either."""
     dead = await dead_letter(store, pool, "e", idempotency_key="k1")
     await enqueue(store, "e", "live", idempotency_key="k1")
     before = await snapshot(pool)
     with pytest.raises(Conflict, match="a live todo already holds key"):
-        await store.edit(dead.id, OPERATOR, TodoEdit(title="fixed"), retry=True)
+        await control.edit(dead.id, OPERATOR, TodoEdit(title="fixed"), retry=True)
     assert await snapshot(pool) == before
 
 
-async def test_rescheduling_a_pending_todo_and_bad_edits(store, pool):
+async def test_rescheduling_a_pending_todo_and_bad_edits(control, store, pool):
     todo = await enqueue(store, "e")
     later = await db_now(pool) + timedelta(hours=2)
-    edited = await store.edit(todo.id, OPERATOR, TodoEdit(run_at=later.isoformat()))
+    edited = await control.edit(todo.id, OPERATOR, TodoEdit(run_at=later.isoformat()))
     assert edited.ready_at == later and edited.scheduled(await db_now(pool))
     before = await snapshot(pool)
     for edit, field in [
@@ -357,7 +357,7 @@ async def test_rescheduling_a_pending_todo_and_bad_edits(store, pool):
         (TodoEdit(), "edit"),
     ]:
         with pytest.raises(InvalidInput) as caught:
-            await store.edit(todo.id, OPERATOR, edit)
+            await control.edit(todo.id, OPERATOR, edit)
         assert caught.value.field == field
     assert await snapshot(pool) == before
     with pytest.raises(TypeError):
@@ -380,12 +380,12 @@ async def test_after_assignee_until_any_agent_of_the_queue_may_claim(store, pool
 # -- bulk ---------------------------------------------------------------------------------------
 
 
-async def test_bulk_cancel_in_batches_says_what_changed_and_why_the_rest_did_not(store, pool):
+async def test_bulk_cancel_in_batches_says_what_changed_and_why_the_rest_did_not(control, store, pool):
     ids = [c.todo.id for c in await store.create_many([new_todo("b", f"t{i}") for i in range(1000)])]
     ids += [c.todo.id for c in await store.create_many([new_todo("b", f"u{i}") for i in range(1000)])]
     done = await claimed(store, "b", owner="w1")
     await store.complete(done.id, "w1", done.lease_token)
-    report = await store.cancel_many([*ids, done.id, "td_nope"], OPERATOR, "cleanup")
+    report = await control.cancel_many([*ids, done.id, "td_nope"], OPERATOR, "cleanup")
     assert len(report.changed) == 2000
     assert report.skipped == {"done": 1, "gone": 1}
     assert report.summary() == "2000 cancelled; 2 skipped (1 already done, 1 no longer there)"
@@ -395,7 +395,7 @@ async def test_bulk_cancel_in_batches_says_what_changed_and_why_the_rest_did_not
     assert cancelled == 2000
 
 
-async def test_a_bulk_action_while_claimers_run_skips_and_counts_what_they_took(dsn, store, pool):
+async def test_a_bulk_action_while_claimers_run_skips_and_counts_what_they_took(control, dsn, store, pool):
     """Four claimers take todos while 2,000 get priority 5: each todo was either changed
     while still pending, or skipped because a claimer had it first."""
     ids = [c.todo.id for c in await store.create_many([new_todo("r", f"t{i}") for i in range(1000)])]
@@ -411,7 +411,7 @@ async def test_a_bulk_action_while_claimers_run_skips_and_counts_what_they_took(
     try:
         claiming = [asyncio.create_task(claimer(c, f"w{i}")) for i, c in enumerate(conns)]
         await asyncio.sleep(0)  # they start before it
-        report = await store.set_many(ids, OPERATOR, priority=5)
+        report = await control.set_many(ids, OPERATOR, priority=5)
         stop.set()
         await asyncio.gather(*claiming)
     finally:
@@ -425,16 +425,16 @@ async def test_a_bulk_action_while_claimers_run_skips_and_counts_what_they_took(
     assert edits == len(report.changed)
 
 
-async def test_bulk_priority_and_reassign_skip_what_is_already_so(store, pool):
+async def test_bulk_priority_and_reassign_skip_what_is_already_so(control, store, pool):
     a = await enqueue(store, "b", priority=2)
     b = await enqueue(store, "b")
-    report = await store.set_many([a.id, b.id], OPERATOR, priority=2)
+    report = await control.set_many([a.id, b.id], OPERATOR, priority=2)
     assert [t.id for t in report.changed] == [b.id]
     assert report.skipped == {"pending": 1}
-    report = await store.set_many([a.id, b.id], OPERATOR, assignee="alice")
+    report = await control.set_many([a.id, b.id], OPERATOR, assignee="alice")
     assert {t.assignee for t in report.changed} == {"alice"}
     assert (await last_step(pool, a.id)).note == "edited"
     with pytest.raises(InvalidInput, match="select at least one"):
-        await store.set_many([], OPERATOR, priority=1)
+        await control.set_many([], OPERATOR, priority=1)
     with pytest.raises(InvalidInput, match="priority"):
-        await store.set_many([a.id], OPERATOR, priority=99)
+        await control.set_many([a.id], OPERATOR, priority=99)

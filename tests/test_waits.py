@@ -21,6 +21,7 @@ import uvicorn
 
 from dashboard import db as dbmod
 from dashboard.accounts import Accounts
+from dashboard.control import Control
 from dashboard.models import Ack, Actor, NewTodo, Scope
 from dashboard.store import Store
 from dashboard.web import waits
@@ -303,7 +304,7 @@ async def finish(store: Store, pool, how: str, todo_id: str, lease: int) -> str:
     if how == "reap":
         await expire_lease(pool, todo_id)
         return (await store.reap())[0].state
-    return (await store.cancel(todo_id, Actor("operator", "olga"))).state
+    return (await Control(store.db, store.hints).cancel(todo_id, Actor("operator", "olga"))).state
 
 
 @pytest.mark.parametrize("how", FINISHERS)

@@ -256,10 +256,10 @@ async def test_the_create_form_schedules_with_a_priority_and_keeps_values_on_a_b
     assert row["priority"] == 3 and 599 < row["wait"].total_seconds() < 601
 
 
-async def test_the_dead_letters_page_shows_hides_or_shows_only_cancelled_ones(client, pool, store):
+async def test_the_dead_letters_page_shows_hides_or_shows_only_cancelled_ones(control, client, pool, store):
     await login(client, pool, "olga")
     died = await dead_letter(store, pool, "mail")
-    cancelled = await store.cancel((await enqueue(store, "mail")).id, OP, "no longer needed")
+    cancelled = await control.cancel((await enqueue(store, "mail")).id, OP, "no longer needed")
     both = (await get_page(client, "/dead")).text
     assert died.id in both and cancelled.id in both
     assert "cancelled by <bdi>olga</bdi>: <bdi>no longer needed</bdi>" in text(await client.get("/dead"))
@@ -312,12 +312,12 @@ async def test_an_edit_form_with_several_bad_fields_marks_them_all_and_changes_n
 
 
 async def test_a_stale_save_comes_back_409_with_the_input_kept_and_saving_again_applies_it(
-    client, pool, store
+    control, client, pool, store
 ):
     token = await login(client, pool, "olga")
     todo = await enqueue(store, "mail", "old", payload={"a": 1})
     version = form_version((await get_page(client, f"/todos/{todo.id}/edit")).text)
-    await store.edit(todo.id, Actor("operator", "sam"), TodoEdit(title="sam's"))
+    await control.edit(todo.id, Actor("operator", "sam"), TodoEdit(title="sam's"))
     form = {
         "version": version,
         "title": "olga's",
@@ -346,11 +346,13 @@ async def test_a_stale_save_comes_back_409_with_the_input_kept_and_saving_again_
     assert (row.title, row.kind, row.priority, row.payload) == ("olga's", "call", 3, {"a": 2})
 
 
-async def test_edit_and_retry_from_a_stale_form_is_refused_and_leaves_the_todo_dead(client, pool, store):
+async def test_edit_and_retry_from_a_stale_form_is_refused_and_leaves_the_todo_dead(
+    control, client, pool, store
+):
     token = await login(client, pool, "olga")
     dead = await dead_letter(store, pool, "mail", payload={"to": "bad@"})
     version = form_version((await get_page(client, f"/todos/{dead.id}/edit?retry=1")).text)
-    await store.edit(dead.id, Actor("operator", "sam"), TodoEdit(priority=2))
+    await control.edit(dead.id, Actor("operator", "sam"), TodoEdit(priority=2))
     form = {"version": version, "title": dead.title, "priority": "0", "max_attempts": "5"}
     form |= {"payload": '{"to": "ok@"}', "retry": "1"}
     response = await post(client, f"/todos/{dead.id}/edit", token, form)

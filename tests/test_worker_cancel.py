@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from dashboard.agent_worker import CANCEL_GRACE
+from dashboard.control import Control
 from dashboard.models import Actor
 from dashboard.store import Store
 from dashboard.worker import Worker
@@ -77,7 +78,7 @@ async def test_a_cancelled_todo_cancels_the_python_handler_and_the_worker_goes_o
 
     async with running_worker(dsn, queue, handle, ttl=1) as task:
         await asyncio.wait_for(started.wait(), 20)
-        await store.cancel(long_id, OPERATOR, "no longer needed")
+        await Control(store.db).cancel(long_id, OPERATOR, "no longer needed")
         cancelled_at = time.monotonic()
         await asyncio.wait_for(saw_cancel.wait(), SEEN_WITHIN)
         assert time.monotonic() - cancelled_at < SEEN_WITHIN
@@ -121,7 +122,7 @@ async def test_an_ack_refused_as_cancelled_is_logged_and_the_python_worker_goes_
     async def handle(todo):
         if todo.id != first_id:
             return {"handled": todo.title}
-        await store.cancel(first_id, OPERATOR)  # no heartbeat before the ack (ttl 30: every 10 s)
+        await Control(store.db).cancel(first_id, OPERATOR)  # no heartbeat before the ack (ttl 30: every 10 s)
         if outcome == "fail":
             raise RuntimeError("gave up")
         return {"finished": True}
@@ -200,7 +201,7 @@ async def test_a_cancelled_todo_ends_the_commands_process_group_and_the_command_
     assert not gone(command) and not gone(child)
     assert command.pid in [p.pid for p in psutil.Process(worker.pid).children(recursive=True)]
 
-    await store.cancel(long_id, OPERATOR, "no longer needed")
+    await Control(store.db).cancel(long_id, OPERATOR, "no longer needed")
     cancelled_at = time.monotonic()
     said = f"todo {long_id} was cancelled by op: no longer needed; ending its command"
 

@@ -14,6 +14,7 @@ from litestar.params import FromPath
 from litestar.response import Redirect, Template
 
 from dashboard.accounts import Accounts
+from dashboard.control import Control
 from dashboard.errors import Conflict, InvalidInput
 from dashboard.models import DEFAULT_MAX_ATTEMPTS, MAX_JSON_BYTES, Actor, NewTodo, new_todo_problems
 from dashboard.reads import Reads
@@ -67,9 +68,9 @@ def budget(form) -> bool:
 
 @post("/todos/{todo_id:str}/retry", guards=[operators_only])
 async def retry_todo(
-    request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads], todo_id: FromPath[str]
+    request: Request, control: NamedDependency[Control], reads: NamedDependency[Reads], todo_id: FromPath[str]
 ) -> Template | Redirect:
-    todo = await store.retry(todo_id, actor(request), one_more=budget(await request.form()))
+    todo = await control.retry(todo_id, actor(request), one_more=budget(await request.form()))
     return await after_action(
         request,
         f"{todo.id} retried: pending again",
@@ -81,11 +82,11 @@ async def retry_todo(
 
 @post("/todos/{todo_id:str}/release", guards=[operators_only])
 async def release_todo(
-    request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads], todo_id: FromPath[str]
+    request: Request, control: NamedDependency[Control], reads: NamedDependency[Reads], todo_id: FromPath[str]
 ) -> Template | Redirect:
     form = await request.form()
     from_leases, owner = form.get("back") == "leases", form.get("owner") or None  # the page's filter
-    todo = await store.force_release(todo_id, actor(request))
+    todo = await control.force_release(todo_id, actor(request))
     message = f"lease on {todo.id} released: pending again"
     if from_leases:
         return await after_action(

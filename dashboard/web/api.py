@@ -411,7 +411,7 @@ async def pause_queue(
     queue: FromPath[str], caller: NamedDependency[Caller], data: JSONBody[ReasonIn | None] = None
 ) -> QueuePause:
     reason = data.reason if data else None
-    return await caller.store.pause(queue, _agent(caller), reason, scope=caller.scope)
+    return await caller.control.pause(queue, _agent(caller), reason, scope=caller.scope)
 
 
 @post(
@@ -427,7 +427,7 @@ async def resume_queue(
     queue: FromPath[str], caller: NamedDependency[Caller], data: JSONBody[ReasonIn | None] = None
 ) -> ResumedOut:
     reason = data.reason if data else None
-    resumed = await caller.store.resume(queue, _agent(caller), reason, scope=caller.scope)
+    resumed = await caller.control.resume(queue, _agent(caller), reason, scope=caller.scope)
     return ResumedOut(queue=queue, resumed=resumed)
 
 
@@ -446,7 +446,7 @@ async def cancel(
     todo_id: FromPath[str], caller: NamedDependency[Caller], data: JSONBody[ReasonIn | None] = None
 ) -> TodoOut:
     reason = data.reason if data else None
-    return TodoOut.of(await caller.store.cancel(todo_id, _agent(caller), reason, scope=caller.scope))
+    return TodoOut.of(await caller.control.cancel(todo_id, _agent(caller), reason, scope=caller.scope))
 
 
 @post(
@@ -461,7 +461,7 @@ async def cancel(
 async def run_now(
     todo_id: FromPath[str], caller: NamedDependency[Caller], data: JSONBody[EmptyIn | None] = None
 ) -> TodoOut:
-    return TodoOut.of(await caller.store.run_now(todo_id, _agent(caller), scope=caller.scope))
+    return TodoOut.of(await caller.control.run_now(todo_id, _agent(caller), scope=caller.scope))
 
 
 IF_MATCH = re.compile(r'^(?:"([0-9]{1,18})"|\*)$')
@@ -519,7 +519,7 @@ async def edit_todo(
     ] = None,
 ) -> Response[TodoOut]:
     version = _if_match(if_match)
-    todo = await caller.store.edit(
+    todo = await caller.control.edit(
         todo_id, _agent(caller), data, retry=retry, version=version, scope=caller.scope
     )
     return _tagged(TodoOut.of(todo), todo)

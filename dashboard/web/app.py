@@ -29,6 +29,7 @@ from litestar.types.file_types import FileInfo
 from prometheus_client import disable_created_metrics
 
 from dashboard.accounts import Accounts
+from dashboard.control import Control
 from dashboard.db import Database, create_pool
 from dashboard.errors import SwitchboardError
 from dashboard.horizon import HorizonWatch
@@ -153,7 +154,9 @@ def _provide(name: str) -> Provide:
 
 
 # Each service the lifespan opened, injected by name (see services.py).
-DEPENDENCIES = {name: _provide(name) for name in ("store", "reads", "accounts", "hub", "stats", "horizon")}
+DEPENDENCIES = {
+    name: _provide(name) for name in ("store", "control", "reads", "accounts", "hub", "stats", "horizon")
+}
 
 
 def create_app(dsn: str, config: WebConfig, *, reaper: bool = True, pool_size: int = 10) -> Litestar:
@@ -166,8 +169,10 @@ def create_app(dsn: str, config: WebConfig, *, reaper: bool = True, pool_size: i
         hub = Hub(dsn)
         await hub.start()
         reads, accounts = Reads(pool), Accounts(pool)
+        store = Store(pool, hints=hub)
         app.state.services = Services(
-            store=Store(pool, hints=hub),
+            store=store,
+            control=Control(pool, hints=hub, cursors=store.cursors),
             reads=reads,
             accounts=accounts,
             hub=hub,

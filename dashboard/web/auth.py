@@ -17,6 +17,7 @@ from litestar.handlers import BaseRouteHandler
 from litestar.response import Redirect, Template
 
 from dashboard.accounts import Agent, Operator
+from dashboard.control import Control
 from dashboard.models import Scope
 from dashboard.store import Store
 from dashboard.web.services import Services, services
@@ -93,6 +94,10 @@ class Caller:
     @property
     def store(self) -> Store:
         return self.services.store
+
+    @property
+    def control(self) -> Control:
+        return self.services.control
 
 
 async def require_agent(request: Request) -> Caller:

@@ -16,10 +16,10 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath
 from litestar.response import Redirect, Template
 
+from dashboard.control import BulkReport, Control
 from dashboard.errors import Conflict, InvalidInput, Stale
 from dashboard.models import Todo, TodoEdit, edit_problems
 from dashboard.reads import Reads
-from dashboard.store import BulkReport, Store
 from dashboard.web.actions import actor, budget, parse_payload, utc
 from dashboard.web.auth import operators_only
 from dashboard.web.pages import (
@@ -47,17 +47,17 @@ def _reason(form) -> str | None:
 
 @post("/queues/{queue:str}/pause", guards=[operators_only])
 async def pause_queue(
-    request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads], queue: FromPath[str]
+    request: Request, control: NamedDependency[Control], reads: NamedDependency[Reads], queue: FromPath[str]
 ) -> Template | Redirect:
-    await store.pause(queue, actor(request), _reason(await request.form()))
+    await control.pause(queue, actor(request), _reason(await request.form()))
     return await _queue_answer(request, reads, queue, f"queue {queue} paused: claims skip it until resumed")
 
 
 @post("/queues/{queue:str}/resume", guards=[operators_only])
 async def resume_queue(
-    request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads], queue: FromPath[str]
+    request: Request, control: NamedDependency[Control], reads: NamedDependency[Reads], queue: FromPath[str]
 ) -> Template | Redirect:
-    resumed = await store.resume(queue, actor(request), _reason(await request.form()))
+    resumed = await control.resume(queue, actor(request), _reason(await request.form()))
     message = f"queue {queue} resumed" if resumed else f"queue {queue} was not paused"
     return await _queue_answer(request, reads, queue, message)
 
@@ -77,17 +77,17 @@ async def _queue_answer(request: Request, reads: Reads, queue: str, message: str
 
 @post("/todos/{todo_id:str}/cancel", guards=[operators_only])
 async def cancel_todo(
-    request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads], todo_id: FromPath[str]
+    request: Request, control: NamedDependency[Control], reads: NamedDependency[Reads], todo_id: FromPath[str]
 ) -> Template | Redirect:
-    todo = await store.cancel(todo_id, actor(request), _reason(await request.form()))
+    todo = await control.cancel(todo_id, actor(request), _reason(await request.form()))
     return await _todo_answer(request, reads, todo_id, f"{todo.id} cancelled")
 
 
 @post("/todos/{todo_id:str}/run-now", guards=[operators_only])
 async def run_todo_now(
-    request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads], todo_id: FromPath[str]
+    request: Request, control: NamedDependency[Control], reads: NamedDependency[Reads], todo_id: FromPath[str]
 ) -> Template | Redirect:
-    todo = await store.run_now(todo_id, actor(request))
+    todo = await control.run_now(todo_id, actor(request))
     return await _todo_answer(request, reads, todo_id, f"{todo.id} is ready now")
 
 
@@ -152,7 +152,7 @@ def _as_retried(todo: Todo, retry: bool) -> Todo:
 
 @post("/todos/{todo_id:str}/edit", guards=[operators_only])
 async def edit_todo(
-    request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads], todo_id: FromPath[str]
+    request: Request, control: NamedDependency[Control], reads: NamedDependency[Reads], todo_id: FromPath[str]
 ) -> Template | Redirect:
     """Every field's problem is shown at once, beside the field, with what was typed kept
     (as on the create form). A todo changed since the form was drawn (its `version`) is
@@ -178,7 +178,7 @@ async def edit_todo(
     status, conflict = 422, None
     if not errors:
         try:
-            todo = await store.edit(
+            todo = await control.edit(
                 todo_id, actor(request), edit, retry=retry, version=values["version"] or None
             )
         except InvalidInput as exc:
@@ -207,15 +207,15 @@ async def edit_todo(
 # -- bulk ---------------------------------------------------------------------------------------
 
 
-async def run_bulk(store: Store, request: Request, form, ids: list[str], action: str) -> BulkReport:
+async def run_bulk(control: Control, request: Request, form, ids: list[str], action: str) -> BulkReport:
     """The bulk `action` over `ids`, its values (reason, priority, assignee) from the form."""
     who = actor(request)
     if action == "cancel":
-        return await store.cancel_many(ids, who, _reason(form))
+        return await control.cancel_many(ids, who, _reason(form))
     if action == "retry":
-        return await store.retry_many(ids, who, one_more=budget(form))
+        return await control.retry_many(ids, who, one_more=budget(form))
     if action == "run_now":
-        return await store.run_now_many(ids, who)
+        return await control.run_now_many(ids, who)
     if action == "priority":
         try:
             priority = int(form.get("priority", ""))
@@ -223,9 +223,9 @@ async def run_bulk(store: Store, request: Request, form, ids: list[str], action:
             raise InvalidInput(
                 "priority", "must be a whole number from -10 to 10 (higher runs first)"
             ) from None
-        return await store.set_many(ids, who, priority=priority)
+        return await control.set_many(ids, who, priority=priority)
     if action == "reassign":
-        return await store.set_many(ids, who, assignee=(form.get("assignee") or "").strip() or None)
+        return await control.set_many(ids, who, assignee=(form.get("assignee") or "").strip() or None)
     raise InvalidInput("action", f"must be one of {', '.join(BULK_ACTIONS)}")
 
 
@@ -235,7 +235,7 @@ def _selected(form) -> list[str]:
 
 @post("/queues/{queue:str}/bulk", guards=[operators_only])
 async def queue_bulk(
-    request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads], queue: FromPath[str]
+    request: Request, control: NamedDependency[Control], reads: NamedDependency[Reads], queue: FromPath[str]
 ) -> Template | Redirect:
     """The filter comes with the form and is applied again now, in the database: todos that
     changed since the page was drawn are skipped and counted."""
@@ -256,13 +256,13 @@ async def queue_bulk(
         ids, refusal = _selected(form), none_selected("todo")
     if not ids:
         return await answer(refusal, kind="error")
-    report = await run_bulk(store, request, form, ids, form.get("action", ""))
+    report = await run_bulk(control, request, form, ids, form.get("action", ""))
     return await answer(report.summary(), kind="error" if report.skipped and not report.changed else "ok")
 
 
 @post(["/dead/retry", "/dead/bulk"], guards=[operators_only])
 async def dead_bulk(
-    request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads]
+    request: Request, control: NamedDependency[Control], reads: NamedDependency[Reads]
 ) -> Template | Redirect:
     """Retry one, the selected, or all dead-letters that match (/dead/retry), or set their
     priority or assignee (/dead/bulk, the form's bulk_action and bulk_scope)."""
@@ -289,7 +289,7 @@ async def dead_bulk(
         ids, refusal = _selected(form), none_selected("dead-letter")
     if not ids:
         return await answer(refusal, kind="error")
-    report = await run_bulk(store, request, form, ids, action)
+    report = await run_bulk(control, request, form, ids, action)
     return await answer(report.summary(), kind="error" if report.skipped else "ok")
 
 

@@ -20,6 +20,7 @@ from litestar.params import FromPath
 from litestar.response import Redirect, Template
 
 from dashboard.accounts import NAME, Accounts
+from dashboard.control import Control
 from dashboard.errors import Conflict, InvalidInput, NotFound
 from dashboard.inbox import inbox, lease_seconds, waiting_count
 from dashboard.models import Todo, TodoEdit
@@ -217,6 +218,7 @@ async def release(
 async def reassign(
     request: Request,
     store: NamedDependency[Store],
+    control: NamedDependency[Control],
     reads: NamedDependency[Reads],
     accounts: NamedDependency[Accounts],
     todo_id: FromPath[str],
@@ -228,7 +230,7 @@ async def reassign(
         name = _assignee(form, _me(request))
         if form.get("lease"):
             await store.release(todo_id, _me(request), _lease(form), actor_kind="operator")
-        todo = await store.edit(todo_id, actor(request), TodoEdit(assignee=name, assignee_until=None))
+        todo = await control.edit(todo_id, actor(request), TodoEdit(assignee=name, assignee_until=None))
         if await accounts.operator(name) is not None:
             return f"{_named(todo)} handed to {name}: it is in their inbox now"
         return f"{_named(todo)} handed to {name} (not an operator: an agent of that name may claim it)"

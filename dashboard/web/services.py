@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from litestar.connection import ASGIConnection
 
 from dashboard.accounts import Accounts
+from dashboard.control import Control
 from dashboard.horizon import HorizonWatch
 from dashboard.notify import Hub
 from dashboard.reads import Reads
@@ -23,6 +24,7 @@ from dashboard.web.token_cache import TokenCache
 @dataclass
 class Services:
     store: Store
+    control: Control
     reads: Reads
     accounts: Accounts
     hub: Hub

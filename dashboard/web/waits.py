@@ -20,9 +20,8 @@ import random
 from litestar.exceptions import NotAuthorizedException
 
 from dashboard.backoff import spread_wait
-from dashboard.models import Scope, check_id, check_wait
+from dashboard.models import FINISHED, Scope, check_id, check_wait
 from dashboard.reads import TodoDetail
-from dashboard.store import FINISHED
 from dashboard.web.live import POLL_JITTER, token_check
 from dashboard.web.presence import Presence
 from dashboard.web.services import Services

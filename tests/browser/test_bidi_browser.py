@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from playwright.sync_api import Locator, Page, expect
 
+from dashboard.control import Control
 from dashboard.models import Actor
 from dashboard.store import Store
 from tests.browser.conftest import OPERATOR, LiveDatabase
@@ -112,9 +113,8 @@ def test_an_override_in_a_canceller_or_an_error_does_not_reorder_the_dead_letter
     page, queue = logged_in, unique("bidi")
 
     async def cancel(conn):
-        store = Store(conn)
-        todo = (await store.create(new_todo(queue, "Send invoice"))).todo
-        return (await store.cancel(todo.id, Actor("agent", f"{RLO}bot"), f"{RLO}no longer needed")).id
+        todo = (await Store(conn).create(new_todo(queue, "Send invoice"))).todo
+        return (await Control(conn).cancel(todo.id, Actor("agent", f"{RLO}bot"), f"{RLO}no longer needed")).id
 
     cancelled = live_db.run(cancel)
     died = live_db.dead(queue, "Send reminder", error=f"{RLO}SMTP timeout")

@@ -20,10 +20,10 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from dashboard.accounts import Accounts
+from dashboard.control import Control
 from dashboard.errors import Conflict
 from dashboard.mcp_proxy import connected
 from dashboard.models import Actor
-from dashboard.store import Store
 from tests.browser.conftest import SSE_PROBE, LiveDatabase, in_thread
 from tests.browser.test_dashboard_browser import csp_violations
 from tests.factories import unique
@@ -304,7 +304,7 @@ def test_a_refused_completion_shows_beside_the_todo_with_what_was_typed(alice, a
     expect(card).to_be_visible(timeout=5000)
     card.get_by_role("button", name="Claim").click()
     card.locator('textarea[name="result"]').fill("refunded by hand")
-    live_db.run(lambda conn: Store(conn).force_release(todo_id, Actor("operator", "someone-else")))
+    live_db.run(lambda conn: Control(conn).force_release(todo_id, Actor("operator", "someone-else")))
 
     card.get_by_role("button", name="Complete").click()
 

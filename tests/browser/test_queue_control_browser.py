@@ -17,6 +17,7 @@ import pytest
 from playwright.sync_api import expect
 
 from dashboard.accounts import Accounts
+from dashboard.control import Control
 from dashboard.models import Actor
 from dashboard.store import Store
 from tests.browser.conftest import on_database
@@ -381,7 +382,7 @@ def test_work_scheduled_and_a_pause_made_elsewhere_appear_live_on_the_open_queue
     expect(row(page, later.id).locator(".badge")).to_have_text(re.compile(r"^scheduled in (10m|9m)"))
     expect(listed.locator(".count.scheduled")).to_have_text("1", timeout=4000)
 
-    live_db.run(lambda conn: Store(conn).pause(queue, OTHER_OPERATOR, "maintenance window"))
+    live_db.run(lambda conn: Control(conn).pause(queue, OTHER_OPERATOR, "maintenance window"))
 
     banner = page.locator("#queue-control .paused-banner")
     expect(banner).to_contain_text(re.compile(r"Paused by pw-otto .*: maintenance window"), timeout=7000)
@@ -389,7 +390,7 @@ def test_work_scheduled_and_a_pause_made_elsewhere_appear_live_on_the_open_queue
     expect(listed.locator(".tag.paused")).to_be_visible(timeout=4000)
     shot("overview", page=overview)
 
-    live_db.run(lambda conn: Store(conn).resume(queue, OTHER_OPERATOR))
+    live_db.run(lambda conn: Control(conn).resume(queue, OTHER_OPERATOR))
 
     expect(banner).to_have_count(0, timeout=7000)
     expect(page.get_by_role("button", name="Pause queue")).to_be_visible()
@@ -497,7 +498,7 @@ def test_a_viewer_sees_no_queue_control_and_its_posts_are_refused(viewer_page, l
     scheduled = live_db.enqueue(queue, "later", delay=3600)
     died = live_db.dead(queue, "dead one")
     live_db.enqueue(quiet, "nothing to see")
-    live_db.run(lambda conn: Store(conn).pause(queue, OTHER_OPERATOR, "viewers may look"))
+    live_db.run(lambda conn: Control(conn).pause(queue, OTHER_OPERATOR, "viewers may look"))
 
     page.goto(f"/queues/{queue}")
     expect(page.locator(".who")).to_contain_text(VIEWER)
