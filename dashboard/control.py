@@ -147,8 +147,7 @@ class Control(Writer):
         queue, actor, reason = _queue_in(queue, scope), check_actor(actor), _reason(reason)
         resumed = await SQL.resume_queue.fetchrow(self.db, queue=queue, **recorded(actor), reason=reason)
         if resumed is not None:
-            self.cursors.forget(queue)
-            await self._hint([queue])
+            await self._put_back([queue])
         return resumed is not None
 
     async def cancel(
@@ -234,8 +233,7 @@ class Control(Writer):
                 scope=scope_queues(scope),
             ),
         )
-        self.cursors.forget()
-        await self._hint(t.queue for t in report.changed if t.state == "pending")
+        await self._put_back((t.queue for t in report.changed if t.state == "pending"), anywhere=True)
         return report
 
     async def edit(
@@ -271,9 +269,7 @@ class Control(Writer):
             except asyncpg.UniqueViolationError:
                 raise await misses.key_taken(self.db, todo_id) from None
             metrics.retried(todo)
-        self.cursors.forget()
-        if todo.state == "pending":
-            await self._hint([todo.queue])
+        await self._put_back([todo.queue] if todo.state == "pending" else [], anywhere=True)
         return todo
 
     async def _bulk(

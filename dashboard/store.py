@@ -274,10 +274,7 @@ class Store(Writer):
             self.db, ids=[t.id for t in todos], leases=[t.lease_token for t in todos], owner=_owner(owner)
         )
         given = [Todo.from_record(r) for r in records]
-        queues = {t.queue for t in given}
-        for queue in queues:  # this process's claimers have passed their place in line
-            self.cursors.forget(queue)
-        await self._hint(queues)
+        await self._put_back(t.queue for t in given)
         return given
 
     async def complete(

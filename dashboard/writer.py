@@ -63,6 +63,19 @@ class Writer:
         except DatabaseUnavailable as exc:
             log.warning("hint for %s not sent (%s): claimers and waiters poll", sorted(due | finished), exc)
 
+    async def _put_back(self, queues: Iterable[str], *, anywhere: bool = False) -> None:
+        """Todos are claimable again at a place this process's claimers may have passed (given
+        back, a queue resumed, an edit): the claimers of `queues` scan from the oldest next
+        time (claim_cursor.py), and the queues are hinted. `anywhere`: the change may have
+        put todos behind any claimer (an edit can move one to another queue, priority or
+        owner), so every claimer does. The one place claim positions are reset."""
+        queues = set(queues)
+        if anywhere:
+            self.cursors.forget()
+        for queue in queues:
+            self.cursors.forget(queue)
+        await self._hint(queues)
+
     async def _after_transition(self, records: Iterable) -> list[Todo]:
         """The todos of a transition's rows, with its waiters woken: the one place where
         finishing is hinted, so a watched todo (`watch`) the statement left done or failed
