@@ -61,11 +61,11 @@ from pathlib import Path
 import asyncpg
 import harness
 import httpx
+import options
 from harness import AppProcess, Server, log
 from stats import CPU, CPUMeter, Series, pct, rotated, table, timed
 
 from dashboard import db as dbmod
-from dashboard.accounts import Accounts
 from dashboard.models import NewTodo
 from dashboard.store import Store
 
@@ -320,15 +320,14 @@ class Variant:
 async def throughput(
     app: AppProcess,
     bare: AppProcess,
-    dsn: str,
-    token: str,
-    admin: asyncpg.Connection,
-    fill_store: Store,
+    db: harness.AgentDatabase,
     args,
     results: Results,
     rep: int,
     with_batches: bool,
 ) -> None:
+    dsn, token, admin, fill_store = db.dsn, db.token, db.admin, db.fill
+
     async def http(
         server: AppProcess, n_agents: int, loop: Callable, latencies: list[float]
     ) -> tuple[float, int, CPU, int]:
@@ -645,6 +644,8 @@ def missed(results: Results) -> list[str]:
 class BareApp(AppProcess):
     """bench/bare_app.py under uvicorn (one worker, uvloop, httptools), stopped by its pid."""
 
+    name = "the bare app"
+
     def __init__(self, dsn: str, log_path: Path) -> None:
         path = os.pathsep.join(p for p in (str(harness.ROOT), os.environ.get("PYTHONPATH", "")) if p)
         super().__init__(dsn, log_path, env={"PYTHONPATH": path})
@@ -658,59 +659,41 @@ async def run_all(server: Server, args, tmp: Path) -> int:
     started = time.perf_counter()
     load_before = os.getloadavg()
     results = Results()
-    app: AppProcess | None = None
-    bare: BareApp | None = None
     try:
         settings = await harness.server_settings(server.dsn)
-        dsn = await server.new_database("api")
-        admin = await asyncpg.connect(dsn)
-        fill_conn = await dbmod.connect(dsn)
-        try:
-            _, token = await Accounts(admin).add_token("bench-agent", [QUEUE, WAKE_QUEUE])
-            app = AppProcess(dsn, tmp / "app.log")
-            log(f"starting the app on {app.base}")
-            await app.start()
-            bare = BareApp(dsn, tmp / "bare.log")
-            log(f"starting the bare app on {bare.base}")
-            await bare.start()
-            await admin.execute("TRUNCATE todos, todo_history, events")
-            why_not = await batches_available(app.base, token)
+        async with (
+            harness.agent_database(server, "api", [QUEUE, WAKE_QUEUE]) as db,
+            AppProcess(db.dsn, tmp / "app.log") as app,
+            BareApp(db.dsn, tmp / "bare.log") as bare,
+        ):
+            await db.admin.execute("TRUNCATE todos, todo_history, events")
+            why_not = await batches_available(app.base, db.token)
             if why_not:
                 results.notes.append(f"no batch row: {why_not}")
                 log(f"no batch row: {why_not}")
-            app_conns = await admin.fetchval(
+            app_conns = await db.admin.fetchval(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                 "AND pid <> pg_backend_pid() AND pid <> $1",
-                fill_conn.get_server_pid(),
+                db.fill.db.get_server_pid(),
             )
-            fill_store = Store(fill_conn)
             wake_per_run = -(-args.wake // args.runs)
             for rep in range(args.runs):
-                await throughput(
-                    app, bare, dsn, token, admin, fill_store, args, results, rep, with_batches=not why_not
-                )
+                await throughput(app, bare, db, args, results, rep, with_batches=not why_not)
                 log(f"[wake-up] run {rep + 1}/{args.runs}, {wake_per_run} samples")
-                await admin.execute("TRUNCATE todos, todo_history, events")
+                await db.admin.execute("TRUNCATE todos, todo_history, events")
                 results.latency.setdefault("wake", []).extend(
-                    await wake_up(app, token, fill_store, wake_per_run)
+                    await wake_up(app, db.token, db.fill, wake_per_run)
                 )
                 results.latency.setdefault("healthz", []).extend(
-                    await healthz(app, token, 20 if args.quick else 100)
+                    await healthz(app, db.token, 20 if args.quick else 100)
                 )
                 app.check_alive()
-        finally:
-            await fill_conn.close()
-            await admin.close()
     finally:
-        for process in (app, bare):
-            if process is not None:
-                process.stop()
         await server.drop_all()
 
     cpus = os.cpu_count()
     header = [
-        f"switchboard agent API throughput — PostgreSQL {settings['version']} ({server.description})",
-        harness.settings_line(settings, harness.SHOWN_SETTINGS),
+        *harness.heading("agent API throughput", server, settings),
         f"{cpus} CPUs shared by the load generator (this process: httpx clients or Store workers), "
         f"the app process (uvicorn, 1 worker, {app_conns} database connections at start), the bare "
         "app's process (idle but for its rows) and PostgreSQL — the HTTP rows pay for the client too",
@@ -731,22 +714,20 @@ async def run_all(server: Server, args, tmp: Path) -> int:
     return 1 if misses and args.strict else 0
 
 
+# --quick and full-run sizes (options.Options): flag, full run, --quick, what it is.
+SIZES = """
+--runs   3      1    repetitions of every measurement
+--todos  4,000  200  todos per measurement
+--wake   30     10   long-poll wake-up samples in all
+"""
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, help="repetitions of every measurement (3)")
-    parser.add_argument("--todos", type=int, help="todos per measurement (4000)")
-    parser.add_argument("--wake", type=int, help="long-poll wake-up samples in all (30)")
+    parser = options.Options(__doc__, "200 todos, 1 run, 10 wake-ups (unless given)", SIZES, targets=True)
     parser.add_argument(
         "--batched-todos", type=int, help="todos per measurement in the batch row (4 × --todos)"
     )
-    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
-    parser.add_argument(
-        "--quick", action="store_true", help="smoke run: 400 todos, 1 run, 10 wake-ups (unless given)"
-    )
     args = parser.parse_args(argv)
-    args.runs = args.runs or (1 if args.quick else 3)
-    args.todos = args.todos or (400 if args.quick else 4000)
-    args.wake = args.wake or (10 if args.quick else 30)
     args.batched_todos = args.batched_todos or 4 * args.todos
     if args.runs < 1 or args.todos < 100 or args.wake < 1 or args.batched_todos < 100:
         parser.error("--runs and --wake must be at least 1, --todos and --batched-todos at least 100")

@@ -55,6 +55,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import harness
 import httpx
+import options
 import psutil
 from harness import AppProcess, Server, log
 from stats import pct, table
@@ -360,7 +361,7 @@ async def run_all(server: Server, args, tmp: Path) -> int:
             app = AppProcess(
                 with_app_name(dsn), tmp / "app.log", env={"SWITCHBOARD_MAX_CONNECTIONS": str(MAX_CONNECTIONS)}
             )
-            log(f"starting the app on {app.base} (SWITCHBOARD_MAX_CONNECTIONS={MAX_CONNECTIONS})")
+            log(f"the app gets SWITCHBOARD_MAX_CONNECTIONS={MAX_CONNECTIONS}")
             await app.start()
             fill = await dbmod.connect(dsn)
             try:
@@ -595,9 +596,7 @@ def render(args, settings, server, polls, channels, out, files, load_before, sta
         )
 
     header = [
-        f"switchboard memory and connections — PostgreSQL {settings['version']} ({server.description})",
-        harness.settings_line(settings, harness.SHOWN_SETTINGS)
-        + f"  max_connections={settings['max_connections']}",
+        *harness.heading("memory and connections", server, settings, harness.SETTINGS),
         f"the app: python -m dashboard.cli serve (uvicorn, 1 worker, pool of {POOL_SIZE}) with "
         f"SWITCHBOARD_MAX_CONNECTIONS={MAX_CONNECTIONS} set in its environment for this bench "
         "(the default, 1000, is fewer than the connections held)",
@@ -609,19 +608,19 @@ def render(args, settings, server, polls, channels, out, files, load_before, sta
     return "\n".join([*header, "", *table(rows, set())])
 
 
+# --quick and full-run sizes (options.Options): flag, full run, --quick, what it is.
+SIZES = """
+--long-polls  1,000  100  waiting long-poll claims to hold
+--channels    1,000  100  SSE channels to hold
+--seconds     20.0   5.0  seconds of heartbeats while holding
+"""
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--long-polls", type=int, help="waiting long-poll claims to hold (1000)")
-    parser.add_argument("--channels", type=int, help="SSE channels to hold (1000)")
+    parser = options.Options(__doc__, "100 + 100 held, 5 s of heartbeats", SIZES, targets=True)
     parser.add_argument("--agents", type=int, default=20, help="heartbeating agents, one todo each (20)")
-    parser.add_argument("--seconds", type=float, help="seconds of heartbeats while holding (20)")
     parser.add_argument("--interval", type=float, default=0.25, help="seconds between an agent's heartbeats")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 100 + 100 held, 5 s of heartbeats")
-    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
-    args.long_polls = args.long_polls if args.long_polls is not None else (100 if args.quick else 1000)
-    args.channels = args.channels if args.channels is not None else (100 if args.quick else 1000)
-    args.seconds = args.seconds or (5.0 if args.quick else 20.0)
     if args.agents < 1 or args.seconds <= 0 or args.interval < 0:
         parser.error("--agents at least 1, --seconds above 0, --interval not negative")
     if args.seconds > 40:

@@ -2,7 +2,7 @@
 SQL, the rollup job, live hints (issue 13's "Speed").
 
     .venv/bin/python bench/dashboard_pages.py                   # both datasets of 1,000,000 todos, 5-7 min
-    .venv/bin/python bench/dashboard_pages.py --quick           # 100,000 todos each, fewer requests, ~2 min
+    .venv/bin/python bench/dashboard_pages.py --quick           # 20,000 todos each, 8 requests a URL, ~1 min
     .venv/bin/python bench/dashboard_pages.py --dataset pending # one of the two
     DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/...
 
@@ -84,6 +84,7 @@ from urllib.parse import quote
 import asyncpg
 import harness
 import httpx
+import options
 from harness import AppProcess, Server, log
 from stats import CPUMeter, pct, table
 
@@ -579,33 +580,28 @@ def page_specs(detail_id: str, detail_label: str, rare: str) -> list[PageSpec]:
 
         return reads
 
+    def chart_pages(path: str, queue: str | None, note: str = "") -> list[PageSpec]:
+        """The charts partial at `path`, one page per range."""
+        return [
+            PageSpec(
+                f"GET {path}?range={rng}{note}",
+                f"{path}?range={rng}",
+                charts(queue, rng),
+                partial=True,
+                optional=True,
+            )
+            for rng in RANGES
+        ]
+
     q = QUEUE
     return [
         PageSpec("GET /healthz (baseline)", "/healthz", None, login=False),
         PageSpec("GET /", "/", overview),
         PageSpec("GET /partials/overview", "/partials/overview", Reads.queue_stats, partial=True),
-        *(
-            PageSpec(
-                f"GET /partials/charts?range={rng} (all queues)",
-                f"/partials/charts?range={rng}",
-                charts(None, rng),
-                partial=True,
-                optional=True,
-            )
-            for rng in RANGES
-        ),
+        *chart_pages("/partials/charts", None, " (all queues)"),
         PageSpec(f"GET /queues/{q}", f"/queues/{q}", listing(charts=True)),
         PageSpec(f"GET /partials/queues/{q}", f"/partials/queues/{q}", listing(), partial=True),
-        *(
-            PageSpec(
-                f"GET /partials/queues/{q}/charts?range={rng}",
-                f"/partials/queues/{q}/charts?range={rng}",
-                charts(q, rng),
-                partial=True,
-                optional=True,
-            )
-            for rng in RANGES
-        ),
+        *chart_pages(f"/partials/queues/{q}/charts", q),
         PageSpec(f"GET /queues/{q}?state=done", f"/queues/{q}?state=done", listing(True, state="done")),
         PageSpec(f"GET /queues/{q}?state=ready", f"/queues/{q}?state=ready", listing(True, state="ready")),
         PageSpec(
@@ -1125,6 +1121,15 @@ class Line:
     target: str = ""
     verdict: str = ""
 
+    @classmethod
+    def timed(cls, label: str, samples: list[float], target_ms: float | None = None) -> Line:
+        """The median, p95 and count of `samples` (ms), and against `target_ms` (on the median)."""
+        median = statistics.median(samples)
+        line = cls(label, ms(median), ms(pct(samples, 95)), str(len(samples)))
+        if target_ms is not None:
+            line.target, line.verdict = f"median ≤ {target_ms:.0f} ms", verdict(median <= target_ms)
+        return line
+
 
 def ms(v: float) -> str:
     return f"{v:.1f} ms"
@@ -1175,7 +1180,6 @@ async def run_dataset(server: Server, dataset: str, args, tmp: Path, settings: d
             _, token = await accounts.add_token("bench-agent", [HINT_QUEUE])
 
             app = AppProcess(dsn, tmp / f"app-{dataset}.log")
-            log(f"starting the app on {app.base}")
             await app.start()
             # Let the app's reaper take the lapsed leases first (as it would in production).
             await asyncio.sleep(2.0)
@@ -1214,15 +1218,10 @@ async def run_dataset(server: Server, dataset: str, args, tmp: Path, settings: d
                     (
                         "the overview's SQL, directly on a pool",
                         [
-                            Line(
+                            Line.timed(
                                 "Reads.queue_stats() (queue_counts + throughput + samples)",
-                                ms(statistics.median(stats)),
-                                ms(pct(stats, 95)),
-                                str(len(stats)),
-                                "",
-                                "",
-                                f"median ≤ {STATS_TARGET_MS:.0f} ms",
-                                verdict(stats_ok),
+                                stats,
+                                STATS_TARGET_MS,
                             )
                         ],
                     )
@@ -1258,9 +1257,7 @@ async def run_dataset(server: Server, dataset: str, args, tmp: Path, settings: d
     order = ("done", "ready", "scheduled", "retrying", "claimed", "lapsed", "failed")
     load_after = os.getloadavg()
     header = [
-        f"switchboard dashboard pages, dataset {dataset!r} — PostgreSQL {settings['version']} "
-        f"({server.description})",
-        harness.settings_line(settings, SHOWN_SETTINGS),
+        *harness.heading(f"dashboard pages, dataset {dataset!r}", server, settings, SHOWN_SETTINGS),
         f"{os.cpu_count()} CPUs shared by the bench (load generator), the app process and PostgreSQL; "
         f"load average (1, 5, 15 min) {' '.join(f'{v:.2f}' for v in load_before)} at start, "
         f"{' '.join(f'{v:.2f}' for v in load_after)} at end; "
@@ -1335,15 +1332,8 @@ async def measure_live(
                     f"≤ {REFRESH_TARGET:.0f}/s",
                     verdict(b.refresh_max_1s <= REFRESH_TARGET),
                 ),
-                Line(
-                    "GET /partials/overview during the burst, every 100 ms",
-                    ms(statistics.median(b.overview)),
-                    ms(pct(b.overview, 95)),
-                    str(len(b.overview)),
-                    "",
-                    "",
-                    f"median ≤ {PAGE_TARGET_MS:.0f} ms",
-                    verdict(statistics.median(b.overview) <= PAGE_TARGET_MS),
+                Line.timed(
+                    "GET /partials/overview during the burst, every 100 ms", b.overview, PAGE_TARGET_MS
                 ),
             ],
         ),
@@ -1377,32 +1367,17 @@ def roll_section(roll: RollJob) -> tuple[str, list[Line]]:
         f"{ROLL_RATE:,} todos/s over {QUEUES} queues and {AGENTS} agents, each written in "
         f"{roll.write_seconds:.1f} s and rolled once, oldest first",
         [
-            Line(
+            Line.timed(
                 f"Rollups._roll of one minute: {ROLL_RATE * 60:,} todos, {roll.history_rows:,} history rows",
-                ms(statistics.median(totals)),
-                ms(pct(totals, 95)),
-                str(len(totals)),
-                "",
-                "",
-                f"median ≤ {ROLL_TARGET_MS:.0f} ms",
-                verdict(statistics.median(totals) <= ROLL_TARGET_MS),
+                totals,
+                ROLL_TARGET_MS,
             ),
-            *(
-                Line(f"  {name}", ms(statistics.median(v)), ms(pct(v, 95)), str(len(v)))
-                for name, v in parts.items()
-            ),
-            Line(
+            *(Line.timed(f"  {name}", v) for name, v in parts.items()),
+            Line.timed(
                 f"  the same minute in {60 // ROLL_SLICE} passes of {ROLL_SLICE} s, as the app rolls it",
-                ms(statistics.median(roll.sliced_ms)),
-                ms(pct(roll.sliced_ms, 95)),
-                str(len(roll.sliced_ms)),
+                roll.sliced_ms,
             ),
-            Line(
-                "Rollups.sample() (the backlog, every 10 s in the app)",
-                ms(statistics.median(roll.sample_ms)),
-                ms(pct(roll.sample_ms, 95)),
-                str(len(roll.sample_ms)),
-            ),
+            Line.timed("Rollups.sample() (the backlog, every 10 s in the app)", roll.sample_ms),
         ],
     )
 
@@ -1430,16 +1405,20 @@ def page_lines(specs: list[PageSpec], missed: list) -> list[Line]:
     return lines
 
 
+# --quick and full-run sizes (options.Options): flag, full run, --quick, what it is.
+SIZES = """
+--todos         1,000,000  20,000  todos in each dataset
+--roll-minutes  3          1       minutes written and rolled up
+"""
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = options.Options(__doc__, "20,000 todos per dataset, 8 requests a URL", SIZES)
     parser.add_argument(
         "--dataset", choices=(*DATASETS, "both"), default="both", help="mixed, pending, or both in turn"
     )
-    parser.add_argument("--todos", type=int, help="todos in each dataset (1,000,000; --quick 100,000)")
-    parser.add_argument("--requests", type=int, help="measured requests per URL (50; --quick 15)")
+    parser.add_argument("--requests", type=int, help="measured requests per URL (50; --quick 8)")
     parser.add_argument("--runs", type=int, help="alias of --requests, for symmetry")
-    parser.add_argument("--roll-minutes", type=int, help="minutes written and rolled up (3; --quick 1)")
-    parser.add_argument("--quick", action="store_true", help="smoke run, about a minute per dataset")
     parser.add_argument(
         "--explain",
         action="store_true",
@@ -1447,9 +1426,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     args.datasets = DATASETS if args.dataset == "both" else (args.dataset,)
-    args.todos = args.todos or (100_000 if args.quick else 1_000_000)
-    args.roll_minutes = args.roll_minutes or (1 if args.quick else 3)
-    args.requests = args.requests or args.runs or (15 if args.quick else 50)
+    args.requests = args.requests or args.runs or (8 if args.quick else 50)
     args.warmup = 2 if args.quick else 5
     args.sql_runs = 5 if args.quick else 20
     args.stats_calls = 20 if args.quick else 50

@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import options
 from harness import log
 from stats import table
 
@@ -208,27 +209,26 @@ async def run(args: argparse.Namespace) -> int:
     return 1 if missed and args.strict else 0
 
 
+# --quick and full-run sizes (options.Options): flag, full run, --quick, what it is.
+SIZES = """
+--seconds  12.0  5.0   seconds of load before and after the failover
+--agents   48    16    agent tasks
+--rate     30.0  12.0  todos created per second, all producers
+--backlog  100   40    todos waiting when the load starts
+"""
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run: 5 s on each side, 16 agents")
-    parser.add_argument("--seconds", type=float, help="seconds of load before and after the failover (12)")
+    parser = options.Options(__doc__, "5 s on each side, 16 agents", SIZES, targets=True)
     parser.add_argument(
         "--lag", type=float, default=2.0, help="seconds the replica is behind at the failover (2)"
     )
-    parser.add_argument("--agents", type=int, help="agent tasks (48)")
     parser.add_argument("--names", type=int, default=2, help="agent names the tasks share (2)")
     parser.add_argument("--producers", type=int, default=2, help="producer tasks (2)")
-    parser.add_argument("--rate", type=float, help="todos created per second, all producers (30)")
     parser.add_argument(
         "--detect", type=float, default=3.0, help="seconds from the primary's end to the promotion (3)"
     )
-    parser.add_argument("--backlog", type=int, help="todos waiting when the load starts (100)")
-    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
-    args.seconds = args.seconds or (5.0 if args.quick else 12.0)
-    args.agents = args.agents or (16 if args.quick else 48)
-    args.rate = args.rate or (12.0 if args.quick else 30.0)
-    args.backlog = args.backlog if args.backlog is not None else (40 if args.quick else 100)
     if args.lag >= args.seconds:
         parser.error("--lag must be shorter than --seconds")
     return args

@@ -1,7 +1,9 @@
 """The one harness every benchmark runs in: the server under test and its scratch
-databases, the durability check, the app as a subprocess stopped by its pid, and the main
-loop (run_on_server) that picks the server, runs the benchmark on asyncio or uvloop, and
-cleans up after it, also on Ctrl-C or SIGTERM.
+databases (fresh ones, or copies of one), the durability check, what a report's header
+says about the server and the machine (heading, load average, commit probe), pgbench, the
+app as a subprocess stopped by its pid and a database with an agent's token to drive it
+with, and the main loop (run_on_server) that picks the server, runs the benchmark on
+asyncio or uvloop, and cleans up after it, also on Ctrl-C or SIGTERM.
 
 What the benchmarks compute and print (percentiles, series, tables, CPU use) is in
 stats.py; this module is what they run on."""
@@ -16,11 +18,12 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -30,7 +33,9 @@ import httpx
 import psutil
 
 from dashboard import db as dbmod
+from dashboard.accounts import Accounts
 from dashboard.migrate import apply_migrations
+from dashboard.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,13 +72,19 @@ class Server:
         self.description = description
         self.databases: list[str] = []
 
-    async def new_empty_database(self, family: str) -> str:
-        """A fresh empty database (for a peer's own installer); its URL."""
+    async def new_empty_database(
+        self, family: str, template: str | None = None, strategy: str | None = None
+    ) -> str:
+        """A fresh empty database (for a peer's own installer), or with `template` (a
+        database URL, unused by anyone) a copy of that one (CREATE DATABASE … TEMPLATE,
+        STRATEGY `strategy` when given); its URL."""
         name = f"sb_bench_{family}_{os.getpid()}"
+        copy = f' TEMPLATE "{urlsplit(template).path[1:]}"' if template else ""
+        copy += f" STRATEGY {strategy}" if strategy else ""
         conn = await asyncpg.connect(self.dsn)
         try:
             await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            await conn.execute(f'CREATE DATABASE "{name}"')
+            await conn.execute(f'CREATE DATABASE "{name}"{copy}')
         finally:
             await conn.close()
         self.databases.append(name)
@@ -94,6 +105,16 @@ class Server:
         finally:
             await conn.close()
         return dsn
+
+    async def drop(self, dsn: str) -> None:
+        """Drop the database of `dsn` (one of ours) now rather than at the end."""
+        name = urlsplit(dsn).path[1:]
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+        self.databases.remove(name)
 
     async def drop_all(self) -> None:
         if not self.databases:
@@ -118,6 +139,28 @@ async def server_settings(dsn: str, names: tuple[str, ...] = SETTINGS) -> dict[s
         return found
     finally:
         await conn.close()
+
+
+def heading(title: str, server: Server, settings: dict[str, str], names=SHOWN_SETTINGS) -> list[str]:
+    """A report's first two lines: what it measured on which server, and its settings."""
+    return [
+        f"switchboard {title} — PostgreSQL {settings['version']} ({server.description})",
+        settings_line(settings, names),
+    ]
+
+
+def server_line(server: Server, settings: dict[str, str]) -> str:
+    """The server and its settings on one line, for a report printed as it goes."""
+    return (
+        f"server: {server.description}, PostgreSQL {settings['version']}; "
+        f"{settings_line(settings, SHOWN_SETTINGS)}"
+    )
+
+
+def load() -> str:
+    """The machine's load average, for a report's header and its progress lines."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} / {five:.2f} / {fifteen:.2f} (1 / 5 / 15 min, {os.cpu_count()} cores)"
 
 
 def settings_line(settings: dict[str, str], names: tuple[str, ...]) -> str:
@@ -152,6 +195,20 @@ async def settle(conn: asyncpg.Connection) -> None:
     """VACUUM ANALYZE the app's tables, then checkpoint."""
     await conn.execute("VACUUM ANALYZE todos, todo_history, events")
     await checkpoint(conn)
+
+
+async def commit_ms(conn: asyncpg.Connection, count: int = 50) -> float:
+    """How long a one-row INSERT and its commit take right now, median of `count`, ms, in a
+    table of its own (emptied after): on a shared machine a slow disk or a busy CPU shows
+    up here first, and says how far to trust the run."""
+    await conn.execute("CREATE TABLE IF NOT EXISTS bench_commit_probe (at timestamptz)")
+    times = []
+    for _ in range(count):
+        began = time.perf_counter()
+        await conn.execute("INSERT INTO public.bench_commit_probe VALUES (now())")
+        times.append(time.perf_counter() - began)
+    await conn.execute("TRUNCATE bench_commit_probe")
+    return statistics.median(times) * 1000
 
 
 async def count_states(conn: asyncpg.Connection) -> dict[str, int]:
@@ -261,7 +318,9 @@ def free_port() -> int:
 class AppProcess:
     """`python -m dashboard.cli serve` on a free port, stopped by its pid; `env` is added
     to its environment. A subclass may run another server (command()) that answers
-    GET /healthz the same way."""
+    GET /healthz the same way. `async with` starts it and stops it after."""
+
+    name = "the app"
 
     def __init__(self, dsn: str, log_path: Path, env: dict[str, str] | None = None) -> None:
         self.dsn = dsn
@@ -288,7 +347,19 @@ class AppProcess:
             cwd=ROOT,
         )
 
+    async def __aenter__(self) -> AppProcess:
+        try:
+            await self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.stop()
+
     async def start(self) -> None:
+        log(f"starting {self.name} on {self.base}")
         self.spawn()
         deadline = time.monotonic() + 60
         async with httpx.AsyncClient(trust_env=False, timeout=2) as client:
@@ -329,6 +400,30 @@ class AppProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+@dataclass
+class AgentDatabase:
+    """A fresh migrated database with an agent's token, as the HTTP benchmarks use it."""
+
+    dsn: str
+    token: str  # of bench-agent, for the queues asked for
+    admin: asyncpg.Connection  # for checks and TRUNCATE
+    fill: Store  # on a connection of its own, for filling queues
+
+
+@contextlib.asynccontextmanager
+async def agent_database(server: Server, family: str, queues: list[str]) -> AsyncIterator[AgentDatabase]:
+    """server.new_database(family) and a token for `queues`; its connections closed after."""
+    dsn = await server.new_database(family)
+    admin = await asyncpg.connect(dsn)
+    fill_conn = await dbmod.connect(dsn)
+    try:
+        _, token = await Accounts(admin).add_token("bench-agent", queues)
+        yield AgentDatabase(dsn, token, admin, Store(fill_conn))
+    finally:
+        await fill_conn.close()
+        await admin.close()
 
 
 def run_on_server(

@@ -27,20 +27,19 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import asyncpg
 import harness
+import options
 import queue_throughput as qt
 from harness import Server, log
 from stats import Series, rotated, table
-
-from dashboard import db as dbmod
 
 CLIENTS = 4
 FULL_EVERY = 2  # the full schema runs again after every FULL_EVERY variants
@@ -56,10 +55,10 @@ class Variant:
 
 def without_logged(text: str) -> str:
     """A pgbench script with every statement's `logged` CTE (its history insert) cut out."""
-    head = "), logged AS ("
-    while head in text:
-        start = text.index(head)
-        i, depth, quoted = start + len(head), 1, False
+    head = re.compile(r"\)\s*,\s*logged AS \(")
+    while found := head.search(text):
+        start = found.start()
+        i, depth, quoted = found.end(), 1, False
         while depth:
             c = text[i]
             if c == "'":
@@ -141,47 +140,35 @@ async def measure(
 ) -> tuple[float, float]:
     """One run of `variant` on a fresh copy of database `base`: todos per second, and WAL
     bytes written per todo (the server's, so anything else it runs meanwhile counts too)."""
-    name = f"sb_bench_hcopy_{os.getpid()}"
-    admin = await asyncpg.connect(server.dsn)
+    dsn = await server.new_empty_database("hcopy", template=base)
+    conn = await asyncpg.connect(dsn)
     try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{base}"')
-        server.databases.append(name)  # dropped at exit if this run is interrupted
-        dsn = harness.with_database(server.dsn, name)
-        conn = await asyncpg.connect(dsn)
-        try:
-            per_client = max(1, n // CLIENTS)
-            total = per_client * CLIENTS
-            await qt.fill(conn, total)  # first: create_todos needs todos_dedupe (ON CONFLICT)
-            if variant.changes:
-                for change in variant.changes:
-                    await conn.execute(change)
-                await harness.settle(conn)
-            history_before = await conn.fetchval("SELECT count(*) FROM todo_history")
-            wal_before = await conn.fetchval("SELECT pg_current_wal_insert_lsn()")
-            text = script.text if variant.history else without_logged(script.text)
-            run = await harness.pgbench(
-                dsn,
-                text,
-                clients=CLIENTS,
-                transactions=per_client,
-                tmp=tmp,
-                name=f"history_{variant.key.strip('-')}",
-                variables=script.variables,
-                server_settings=dbmod.SERVER_SETTINGS,
-            )
-            wal = await conn.fetchval("SELECT pg_current_wal_insert_lsn() - $1::pg_lsn", wal_before)
-            await harness.expect_states(conn, {"done": total + qt.SEED_DONE}, variant.label)
-            added = await conn.fetchval("SELECT count(*) FROM todo_history") - history_before
-            if added != (2 * total if variant.history else 0):
-                raise RuntimeError(f"{variant.label}: {added} history rows for {total} todos")
-        finally:
-            await conn.close()
-        await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-        server.databases.remove(name)
-        return total / run.seconds, float(wal) / total
+        per_client = max(1, n // CLIENTS)
+        total = per_client * CLIENTS
+        await qt.fill(conn, total)  # first: create_todos needs todos_dedupe (ON CONFLICT)
+        if variant.changes:
+            for change in variant.changes:
+                await conn.execute(change)
+            await harness.settle(conn)
+        history_before = await conn.fetchval("SELECT count(*) FROM todo_history")
+        wal_before = await conn.fetchval("SELECT pg_current_wal_insert_lsn()")
+        text = script.text if variant.history else without_logged(script.text)
+        run = await qt.run_pgbench(
+            dsn,
+            replace(script, text=text, name=f"history_{variant.key.strip('-')}"),
+            clients=CLIENTS,
+            transactions=per_client,
+            tmp=tmp,
+        )
+        wal = await conn.fetchval("SELECT pg_current_wal_insert_lsn() - $1::pg_lsn", wal_before)
+        await harness.expect_states(conn, {"done": total + qt.SEED_DONE}, variant.label)
+        added = await conn.fetchval("SELECT count(*) FROM todo_history") - history_before
+        if added != (2 * total if variant.history else 0):
+            raise RuntimeError(f"{variant.label}: {added} history rows for {total} todos")
     finally:
-        await admin.close()
+        await conn.close()
+    await server.drop(dsn)
+    return total / run.seconds, float(wal) / total
 
 
 async def run_all(server: Server, args, tmp: Path) -> int:
@@ -190,7 +177,6 @@ async def run_all(server: Server, args, tmp: Path) -> int:
     try:
         settings = await harness.server_settings(server.dsn)
         base_dsn = await server.new_database("history", check=qt.check_parameters)
-        base = urlsplit(base_dsn).path.lstrip("/")
         conn = await asyncpg.connect(base_dsn)
         try:
             variants = await variants_of(conn)
@@ -213,7 +199,7 @@ async def run_all(server: Server, args, tmp: Path) -> int:
                     plan.append(variants[0])
             measured: list[tuple[str, float]] = []
             for v in plan:
-                rate, wal = await measure(server, base, v, args.todos, tmp, script)
+                rate, wal = await measure(server, base_dsn, v, args.todos, tmp, script)
                 log(f"  {v.label:<72} {rate:>8,.0f} todos/s  {wal:>7,.0f} WAL bytes/todo")
                 series[v.key].rates.append(rate)
                 wal_per_todo[v.key].append(wal)
@@ -244,8 +230,7 @@ async def run_all(server: Server, args, tmp: Path) -> int:
         wal_cell = f"{wal:,.0f} B" + ("" if v.key == "full" else f" ({wal / full_wal - 1:+.0%})")
         rows.append((v.label, *s.rate_cells(), ratio, span, wal_cell, str(len(s.rates))))
     header = [
-        f"switchboard history cost — PostgreSQL {settings['version']} ({server.description})",
-        harness.settings_line(settings, harness.SHOWN_SETTINGS),
+        *harness.heading("history cost", server, settings),
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, pgbench {harness.pgbench_version()} "
         f"(-M prepared, -c {CLIENTS} -j 2, -t per client), generic plans",
         f"claim_batch(n=1) + complete, {args.todos:,} todos per run (each on a fresh copy, filled alike), "
@@ -261,11 +246,15 @@ async def run_all(server: Server, args, tmp: Path) -> int:
     return 0
 
 
+# --quick and full-run sizes (options.Options): flag, full run, --quick, what it is.
+SIZES = """
+--runs   3      1      repetitions of every variant
+--todos  5,000  1,000  todos per run
+"""
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, help="repetitions of every variant (3)")
-    parser.add_argument("--todos", type=int, help="todos per run (5000)")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 1,000 todos, 1 run")
+    parser = options.Options(__doc__, "1,000 todos, 1 run", SIZES)
     parser.add_argument(
         "--only",
         action="append",
@@ -274,17 +263,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "history_id, todos_secondary; repeatable); the full schema always runs",
     )
     args = parser.parse_args(argv)
-    args.runs = args.runs or (1 if args.quick else 3)
-    args.todos = args.todos or (1000 if args.quick else 5000)
     if args.runs < 1 or args.todos < CLIENTS:
         parser.error(f"--runs must be at least 1 and --todos at least {CLIENTS}")
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    return harness.run_on_server("sb-history-", run_all, args)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.run_on_server("sb-history-", run_all, parse_args(None)))

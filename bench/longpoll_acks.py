@@ -50,7 +50,8 @@ from pathlib import Path
 
 import harness
 import httpx
-from harness import AppProcess, Server, log
+import options
+from harness import AppProcess, Server, load, log
 from stats import pct, table
 
 from dashboard import db as dbmod
@@ -62,11 +63,6 @@ TTL = 120.0
 HEARTBEAT_P99_TARGET_MS = 100.0
 BURST_WINDOW = 0.1  # s: the most long-polls answered within any window this long
 SLOW_MS = 50.0  # heartbeats slower than this (from due) are shown by when they fell due
-
-
-def load() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"load average {one:.2f} / {five:.2f} / {fifteen:.2f} (1 / 5 / 15 min, {os.cpu_count()} cores)"
 
 
 # -- the agent -------------------------------------------------------------------------------
@@ -321,7 +317,6 @@ async def run_all(server: Server, args, tmp: Path) -> int:
         finally:
             await conn.close()
         app = AppProcess(dsn, tmp / "app.log")
-        log(f"starting the app on {app.base}")
         await app.start()
         await run_agent(app, token, 1.0, args)  # warm-up: pool connections, prepared statements
         log(f"[alone] the agent for {args.baseline:.0f} s; {load()}")
@@ -388,9 +383,7 @@ def render(args, settings, server, alone: Agent, polled: Agent, polls: Polls, lo
     ))  # fmt: skip
     now = os.getloadavg()
     header = [
-        f"switchboard acks behind expiring long-polls — PostgreSQL {settings['version']} "
-        f"({server.description})",
-        harness.settings_line(settings, harness.SHOWN_SETTINGS),
+        *harness.heading("acks behind expiring long-polls", server, settings),
         "the app: python -m dashboard.cli serve (uvicorn, 1 process); the agent: one httpx client, "
         f"one request due every {args.interval * 1000:.0f} ms: {args.beats} heartbeats, then complete "
         "with next",
@@ -400,22 +393,21 @@ def render(args, settings, server, alone: Agent, polled: Agent, polls: Polls, lo
     return "\n".join([*header, "", *table(rows, set())]), missed
 
 
+# --quick and full-run sizes (options.Options): flag, full run, --quick, what it is.
+SIZES = """
+--baseline  20.0  3.0  seconds of the agent alone
+--seconds   60.0  7.0  seconds of the agent with the long-polls
+"""
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run: 3 s alone, 7 s with the long-polls")
+    parser = options.Options(__doc__, "3 s alone, 7 s with the long-polls", SIZES, targets=True)
     parser.add_argument("--long-polls", type=int, default=200, help="long-poll claimers (200)")
     parser.add_argument("--wait", type=float, default=5.0, help="the long-polls' wait, s (5)")
-    parser.add_argument("--baseline", type=float, help="seconds of the agent alone (20; --quick 3)")
-    parser.add_argument(
-        "--seconds", type=float, help="seconds of the agent with the long-polls (60; --quick 7)"
-    )
     parser.add_argument("--beats", type=int, default=10, help="heartbeats per todo (10)")
     parser.add_argument("--interval", type=float, default=0.02, help="seconds between the agent's requests")
     parser.add_argument("--beat-todos", type=int, default=3000, help="todos in queue beat (3000)")
-    parser.add_argument("--strict", action="store_true", help="exit 1 when the target is missed")
     args = parser.parse_args(argv)
-    args.baseline = args.baseline or (3.0 if args.quick else 20.0)
-    args.seconds = args.seconds or (7.0 if args.quick else 60.0)
     if args.long_polls < 1 or not 0 < args.wait <= 60 or args.beats < 1 or args.interval < 0:
         parser.error(
             "--long-polls and --beats at least 1, --wait above 0 and at most 60, --interval not negative"

@@ -37,17 +37,14 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 
-import asyncpg
 import harness
+import options
 from api_throughput import QUEUE, TTL, Tally, agents, fill, http_claim_complete, paired
 from harness import AppProcess, Server, log
 from mcp import Client
 from stats import CPU, CPUMeter, Series, rotated, table, timed
 
-from dashboard import db as dbmod
-from dashboard.accounts import Accounts
 from dashboard.mcp_proxy import connected
-from dashboard.store import Store
 
 AGENTS = 4
 RATIO_TARGET = 0.5  # MCP ≥ 0.5× the HTTP API
@@ -103,27 +100,21 @@ VARIANTS = {
 async def run_all(server: Server, args, tmp: Path) -> int:
     started, load_before = time.perf_counter(), os.getloadavg()
     series = {key: Measured(key, label) for key, (label, _) in VARIANTS.items()}
-    app: AppProcess | None = None
     try:
         settings = await harness.server_settings(server.dsn)
-        dsn = await server.new_database("mcp")
-        admin = await asyncpg.connect(dsn)
-        fill_conn = await dbmod.connect(dsn)
-        try:
-            _, token = await Accounts(admin).add_token("bench-agent", [QUEUE])
-            app = AppProcess(dsn, tmp / "app.log")
-            log(f"starting the app on {app.base}")
-            await app.start()
-            fill_store = Store(fill_conn)
+        async with (
+            harness.agent_database(server, "mcp", [QUEUE]) as db,
+            AppProcess(db.dsn, tmp / "app.log") as app,
+        ):
             for rep in range(args.runs):
                 log(f"[throughput] run {rep + 1}/{args.runs}")
                 for key in rotated(list(VARIANTS), rep):
                     label, measure = VARIANTS[key]
-                    await fill(admin, fill_store, args.todos)
-                    seconds, done, cpu = await measure(app, token)
+                    await fill(db.admin, db.fill, args.todos)
+                    seconds, done, cpu = await measure(app, db.token)
                     if done != args.todos:
                         raise RuntimeError(f"{label}: processed {done} of {args.todos}")
-                    await harness.expect_states(admin, {"done": args.todos}, label)
+                    await harness.expect_states(db.admin, {"done": args.todos}, label)
                     app.check_alive()
                     series[key].rates.append(done / seconds)
                     series[key].cpus.append(cpu.per_todo(done))
@@ -132,12 +123,7 @@ async def run_all(server: Server, args, tmp: Path) -> int:
                         f"CPU per todo: server {cpu.per_todo(done)[0]:.2f} ms, bench "
                         f"{cpu.per_todo(done)[1]:.2f} ms; load {os.getloadavg()[0]:.2f})"
                     )
-        finally:
-            await fill_conn.close()
-            await admin.close()
     finally:
-        if app is not None:
-            app.stop()
         await server.drop_all()
 
     ratio = paired(series["mcp"].rates, series["http"].rates)
@@ -157,8 +143,7 @@ async def run_all(server: Server, args, tmp: Path) -> int:
         )
     now = os.getloadavg()
     lines = [
-        f"switchboard MCP vs agent API throughput — PostgreSQL {settings['version']} ({server.description})",
-        harness.settings_line(settings, harness.SHOWN_SETTINGS),
+        *harness.heading("MCP vs agent API throughput", server, settings),
         f"{os.cpu_count()} CPUs shared by this process (the {AGENTS} clients of each side), the app process "
         "(uvicorn, 1 worker) and PostgreSQL",
         f"Python {platform.python_version()}, mcp {version('mcp')}; {args.todos:,} todos per measurement, "
@@ -175,15 +160,16 @@ async def run_all(server: Server, args, tmp: Path) -> int:
     return 1 if not ok and args.strict else 0
 
 
+# --quick and full-run sizes (options.Options): flag, full run, --quick, what it is.
+SIZES = """
+--runs   3      1    repetitions
+--todos  2,000  400  todos per measurement
+"""
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, help="repetitions (3)")
-    parser.add_argument("--todos", type=int, help="todos per measurement (2000)")
-    parser.add_argument("--strict", action="store_true", help="exit 1 when the target is missed")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 400 todos, 1 run (unless given)")
+    parser = options.Options(__doc__, "400 todos, 1 run (unless given)", SIZES, targets=True)
     args = parser.parse_args(argv)
-    args.runs = args.runs or (1 if args.quick else 3)
-    args.todos = args.todos or (400 if args.quick else 2000)
     if args.runs < 1 or args.todos < 100:
         parser.error("--runs must be at least 1 and --todos at least 100")
     return args

@@ -51,17 +51,17 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import asyncpg
 import harness
+import options
 from harness import Server, log
 from stats import pct, rotated, table, timed
 
 from dashboard import db as dbmod
 from dashboard.models import NewTodo
 from dashboard.queries import READS
-from dashboard.reads import Reads, TodoFilter, _filter_values
+from dashboard.reads import READ_TIMEOUT, Reads, TodoFilter, _filter_values
 from dashboard.store import Store
 
 QUEUES = 20
@@ -220,7 +220,7 @@ async def scans(pool: asyncpg.Pool, filters: TodoFilter) -> str:
     """How the list's plan reads todos for these filters: gin, queue (todos_by_queue), seq…"""
     values = {**_filter_values(filters), "before_at": None, "before_id": None, "limit": 51}
     async with pool.acquire() as conn, conn.transaction():
-        await READS.plan_for_values.execute(conn)
+        await READS.plan_for_values.execute(conn, timeout=f"{READ_TIMEOUT * 1000:.0f}")  # as Reads plans it
         text = await conn.fetchval(
             "EXPLAIN (FORMAT JSON) " + READS.list_todos.sql, *READS.list_todos.args(values)
         )
@@ -310,17 +310,8 @@ async def enqueue_and_claim(dsn: str, batches: list[list[NewTodo]]) -> tuple[flo
 
 async def copy_of(server: Server, filled: str, variant: Variant) -> str:
     """A copy of the filled database with the variant's indexes, vacuumed and analyzed."""
-    name = f"sb_bench_payload_{variant.key}_{os.getpid()}"
-    conn = await asyncpg.connect(server.dsn)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await conn.execute(
-            f'CREATE DATABASE "{name}" TEMPLATE "{urlsplit(filled).path[1:]}" STRATEGY FILE_COPY'
-        )
-    finally:
-        await conn.close()
-    server.databases.append(name)  # dropped with the others at exit
-    dsn = harness.with_database(server.dsn, name)
+    family = f"payload_{variant.key}"
+    dsn = await server.new_empty_database(family, template=filled, strategy="FILE_COPY")
     conn = await asyncpg.connect(dsn)
     try:
         started = time.perf_counter()
@@ -428,8 +419,7 @@ async def run_all(server: Server, args, tmp: Path) -> int:
     finally:
         await server.drop_all()
     header = [
-        f"switchboard payload search — PostgreSQL {settings['version']} ({server.description})",
-        harness.settings_line(settings, SHOWN_SETTINGS),
+        *harness.heading("payload search", server, settings, SHOWN_SETTINGS),
         f"{os.cpu_count()} CPUs shared by the bench and PostgreSQL; load average {load_before[0]:.1f} at "
         f"start, {os.getloadavg()[0]:.1f} at end, at each enqueue round's start "
         + ", ".join(f"{x:.1f}" for x in loads)
@@ -446,18 +436,22 @@ async def run_all(server: Server, args, tmp: Path) -> int:
     return 0
 
 
+# --quick and full-run sizes (options.Options): flag, full run, --quick, what it is.
+SIZES = """
+--todos    1,000,000  100,000  todos in the table
+--runs     15         2        rounds of enqueue and claim runs
+--enqueue  20,000     5,000    todos per enqueue run
+--samples  30         10       calls per search at most
+"""
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--todos", type=int, help="todos in the table (1,000,000; --quick 100,000)")
-    parser.add_argument("--runs", type=int, help="rounds of enqueue and claim runs (15; --quick 2)")
-    parser.add_argument("--enqueue", type=int, help="todos per enqueue run (20,000; --quick 5,000)")
-    parser.add_argument("--samples", type=int, help="calls per search at most (30; --quick 10)")
+    parser = options.Options(__doc__, "100,000 todos, 2 rounds, about a minute", SIZES)
     parser.add_argument(
         "--indexes",
         help=f"the candidates to compare, comma-separated (all: {','.join(v.key for v in VARIANTS)}); "
         "none is always one",
     )
-    parser.add_argument("--quick", action="store_true", help="smoke run, about a minute")
     args = parser.parse_args(argv)
     keys = {"none", *(args.indexes or ",".join(v.key for v in VARIANTS)).split(",")}
     unknown = keys - {v.key for v in VARIANTS}
@@ -466,10 +460,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             f"no index {', '.join(sorted(unknown))}: choose from {', '.join(v.key for v in VARIANTS)}"
         )
     args.indexes = [v for v in VARIANTS if v.key in keys]
-    args.todos = args.todos or (100_000 if args.quick else 1_000_000)
-    args.runs = args.runs or (2 if args.quick else 15)
-    args.enqueue = args.enqueue or (5_000 if args.quick else 20_000)
-    args.samples = args.samples or (10 if args.quick else 30)
     if args.todos < 10_000 or args.runs < 1 or args.enqueue < BATCH:
         parser.error(f"--todos must be at least 10,000, --runs at least 1, --enqueue at least {BATCH}")
     return args

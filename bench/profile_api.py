@@ -5,6 +5,7 @@ or the CPU per request of ours, ours without its access log, and the bare app si
     .venv/bin/python bench/profile_api.py --variant bare       # … on the bare app (bench/bare_app.py)
     .venv/bin/python bench/profile_api.py --variant quiet      # … on ours, access log off
     .venv/bin/python bench/profile_api.py --compare            # CPU per request of the three, 3 runs
+    .venv/bin/python bench/profile_api.py --quick              # smoke run: --compare, 1 run of 400
 
 Not a benchmark with targets: a diagnosis of api_throughput.py's "server CPU per request"
 row. Fresh database on DATABASE_URL or an embedded PostgreSQL; the queue filled; the server
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -40,14 +42,10 @@ from collections import Counter
 from pathlib import Path
 
 import api_throughput as api
-import asyncpg
 import harness
-from harness import AppProcess, Server, log
+import options
+from harness import AppProcess, Server, load, log
 from stats import CPUMeter, rotated, table, timed
-
-from dashboard import db as dbmod
-from dashboard.accounts import Accounts
-from dashboard.store import Store
 
 LINE = re.compile(r":\d+\)$")  # a frame's line number: functions are counted whole
 PACKAGES = (  # py-spy names a frame's file from its package: "Store.complete (dashboard/store.py:227)"
@@ -210,55 +208,53 @@ async def compare(servers: dict[str, AppProcess], token: str, admin, fill_store,
                 f"{api.paired(per_request[key], per_request['ours']):.2f}×" if key != "ours" else "",
             )
         )
-    load = os.getloadavg()
     return [
         f"server CPU per request (psutil), {args.agents} agents, claim + complete, {args.todos:,} todos per "
         f"run, median of {args.runs}; ratios: medians of per-run ratios",
-        f"load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1 / 5 / 15 min, {os.cpu_count()} CPUs)",
+        load(),
         "",
         *table(rows, {1, 2, 3, 4}),
     ]
 
 
 async def run_all(server: Server, args, tmp: Path) -> int:
-    servers: dict[str, AppProcess] = {}
+    keys = list(VARIANTS) if args.compare else [args.variant]
     try:
-        dsn = await server.new_database("profile")
-        admin = await asyncpg.connect(dsn)
-        fill_conn = await dbmod.connect(dsn)
-        try:
-            _, token = await Accounts(admin).add_token("bench-agent", [api.QUEUE])
-            for key in VARIANTS if args.compare else [args.variant]:
-                servers[key] = VARIANTS[key][1](dsn, tmp / f"{key}.log")
-                await servers[key].start()
+        async with (
+            harness.agent_database(server, "profile", [api.QUEUE]) as db,
+            contextlib.AsyncExitStack() as running,
+        ):
+            servers = {
+                key: await running.enter_async_context(VARIANTS[key][1](db.dsn, tmp / f"{key}.log"))
+                for key in keys
+            }
             if args.compare:
-                lines = await compare(servers, token, admin, Store(fill_conn), args)
+                lines = await compare(servers, db.token, db.admin, db.fill, args)
             else:
                 log(f"filling {args.todos:,} todos")
-                await api.fill(admin, Store(fill_conn), args.todos)
+                await api.fill(db.admin, db.fill, args.todos)
                 what, _, loop = VARIANTS[args.variant]
-                requests, seconds, ms = await profile(servers[args.variant], loop, token, args)
-                load = os.getloadavg()
+                requests, seconds, ms = await profile(servers[args.variant], loop, db.token, args)
                 lines = [
                     f"py-spy profile of {what}, {args.agents} agents, claim + complete: {requests:,} "
-                    f"requests "
-                    f"in {seconds:.1f} s ({requests / seconds:,.0f}/s), server CPU {ms:.3f} ms per request "
-                    f"(with py-spy attached); load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}",
+                    f"requests in {seconds:.1f} s ({requests / seconds:,.0f}/s), server CPU {ms:.3f} ms "
+                    f"per request (with py-spy attached); {load()}",
                     *summarize(Path(args.out), args.top),
                 ]
-        finally:
-            await fill_conn.close()
-            await admin.close()
     finally:
-        for process in servers.values():
-            process.stop()
         await server.drop_all()
     print("\n".join(lines), flush=True)
     return 0
 
 
+# --quick and full-run sizes (options.Options): flag, full run, --quick, what it is.
+SIZES = """
+--runs  3  1  runs with --compare
+"""
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = options.Options(__doc__, "--compare, 1 run of 400 todos (no py-spy)", SIZES)
     parser.add_argument("--variant", choices=list(VARIANTS), default="ours", help="the server to profile")
     parser.add_argument("--compare", action="store_true", help="CPU per request of all three, no py-spy")
     parser.add_argument("--agents", type=int, default=16, help="concurrent agents (16)")
@@ -267,12 +263,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--todos", type=int, help="todos to fill (40,000 for py-spy; 4,000 per run with --compare)"
     )
-    parser.add_argument("--runs", type=int, default=3, help="runs with --compare (3)")
     parser.add_argument("--top", type=int, default=25, help="functions to list (25)")
     parser.add_argument("--native", action="store_true", help="py-spy --native: C frames too (slower)")
     parser.add_argument("--out", default="/tmp/sb-profile.txt", help="the raw py-spy output")
     args = parser.parse_args(argv)
-    args.todos = args.todos or (4000 if args.compare else 40_000)
+    args.compare = args.compare or args.quick
+    args.todos = args.todos or (400 if args.quick else 4000 if args.compare else 40_000)
     return args
 
 

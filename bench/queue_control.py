@@ -56,7 +56,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -66,8 +65,9 @@ from pathlib import Path
 
 import asyncpg
 import harness
+import options
 import psutil
-from harness import Server, log
+from harness import Server, load, log
 from stats import Series, pct, rotated, table
 
 from dashboard import db as dbmod
@@ -92,26 +92,14 @@ LOOPS = {"cacn": "complete_and_claim_next", "claim": "claim_next + complete"}
 CHILD = str(Path(__file__).resolve())  # this script, run as the operator's process
 
 
-async def commit_ms(server: Server, count: int = 50) -> float:
-    """A one-row INSERT and its commit, median of `count`, ms, in a scratch database: a
-    slow disk or a busy CPU shows up here first."""
+async def commit_ms(server: Server) -> float:
+    """harness.commit_ms in a scratch database of its own."""
     conn = await asyncpg.connect(await server.new_empty_database("qc_probe"))
     try:
-        await conn.execute("CREATE TABLE IF NOT EXISTS qc_commit_probe (at timestamptz)")
-        times = []
-        for _ in range(count):
-            began = time.perf_counter()
-            await conn.execute("INSERT INTO public.qc_commit_probe VALUES (now())")
-            times.append(time.perf_counter() - began)
-        return statistics.median(times) * 1000
+        return await harness.commit_ms(conn)
     finally:
         await conn.close()
         await server.drop_all()
-
-
-def load() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"load average {one:.2f} / {five:.2f} / {fifteen:.2f} (1 / 5 / 15 min, {os.cpu_count()} cores)"
 
 
 # -- filling -------------------------------------------------------------------------------
@@ -729,8 +717,7 @@ async def run_bulk(server: Server, args) -> list[str]:
 async def run_all(server: Server, args: argparse.Namespace, _tmp: Path) -> int:
     started = time.monotonic()
     settings = await harness.server_settings(server.dsn)
-    print(f"server: {server.description}, PostgreSQL {settings['version']}; "
-          f"{harness.settings_line(settings, harness.SHOWN_SETTINGS)}; {load()}", flush=True)  # fmt: skip
+    print(f"{harness.server_line(server, settings)}; {load()}", flush=True)
     try:
         print(f"one-row INSERT + commit: {await commit_ms(server):.2f} ms (median of 50)", flush=True)
         if any(v.key in args.only for v in VARIANTS):
@@ -745,14 +732,16 @@ async def run_all(server: Server, args: argparse.Namespace, _tmp: Path) -> int:
     return 0
 
 
+# --quick and full-run sizes (options.Options): flag, full run, --quick, what it is.
+SIZES = """
+--pending  200,000  20,000  pending todos over the 20 queues
+--seconds  15.0     2.0     each claim measurement's window
+--rounds   3        1       rounds of every measurement
+"""
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="smoke run: 20,000 pending, 4-s windows, 1 round"
-    )
-    parser.add_argument("--pending", type=int, help="pending todos over the 20 queues (200,000)")
-    parser.add_argument("--seconds", type=float, help="each claim measurement's window (15)")
-    parser.add_argument("--rounds", type=int, help="rounds of every measurement (3)")
+    parser = options.Options(__doc__, "20,000 pending, 2-s windows, 1 round", SIZES)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--bulk", type=int, default=10_000, help="todos each bulk action changes (10,000)")
     parser.add_argument(
@@ -770,9 +759,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--explain", action="store_true", help="print the claim's plans for each variant")
     parser.add_argument("--bulk-child", nargs=2, metavar=("DSN", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    args.pending = args.pending or (20_000 if args.quick else 200_000)
-    args.seconds = args.seconds or (4.0 if args.quick else 15.0)
-    args.rounds = args.rounds or (1 if args.quick else 3)
     args.only = args.only or [*(v.key for v in VARIANTS), "bulk"]
     return args
 

@@ -52,6 +52,7 @@ from pathlib import Path
 
 import asyncpg
 import harness
+import options
 from harness import Server, log
 from stats import Series, pct, rotated, table, timed
 
@@ -226,6 +227,22 @@ class PgbScript:
     text: str
     variables: dict[str, str]  # pgbench -D
     todos: int  # todos per script execution (pgbench's "transaction")
+
+
+async def run_pgbench(
+    dsn: str, script: PgbScript, *, clients: int, transactions: int, tmp: Path
+) -> harness.PgbenchRun:
+    """harness.pgbench on one of our scripts, in the app's session settings."""
+    return await harness.pgbench(
+        dsn,
+        script.text,
+        clients=clients,
+        transactions=transactions,
+        tmp=tmp,
+        name=script.name,
+        variables=script.variables,
+        server_settings=dbmod.SERVER_SETTINGS,
+    )
 
 
 def pgbench_text(statement: queries.Statement, values: dict[str, str]) -> str:
@@ -433,20 +450,9 @@ class Results:
 # -- the server's commit latency -------------------------------------------------------
 
 
-async def commit_probe(conn: asyncpg.Connection, results: Results, count: int = 50) -> None:
-    """How long a one-row INSERT and its commit take right now (median, ms).
-
-    Shown in the header: on a shared machine, a slow disk or a busy CPU shows up here
-    first, and says how far to trust the run.
-    """
-    await conn.execute("CREATE TABLE IF NOT EXISTS bench_commit_probe (at timestamptz)")
-    times = []
-    for _ in range(count):
-        start = time.perf_counter()
-        await conn.execute("INSERT INTO bench_commit_probe VALUES (now())")
-        times.append(time.perf_counter() - start)
-    await conn.execute("TRUNCATE bench_commit_probe")
-    results.commit_ms.append(statistics.median(times) * 1000)
+async def commit_probe(conn: asyncpg.Connection, results: Results) -> None:
+    """harness.commit_ms, for the header."""
+    results.commit_ms.append(await harness.commit_ms(conn))
 
 
 # -- filling the queue -------------------------------------------------------------------
@@ -616,6 +622,19 @@ def rate_line(label: str, n: int, seconds: float) -> float:
     rate = n / seconds
     log(f"  {label:<58} {rate:>9,.0f} todos/s  ({n} in {seconds:.2f} s)")
     return rate
+
+
+async def timed_enqueue(
+    admin: asyncpg.Connection, results: Results, key: str, label: str, run, n: int
+) -> None:
+    """One enqueue measurement on emptied, settled tables: `run()` must enqueue `n` todos."""
+    await reset(admin)
+    await harness.settle(admin)
+    seconds, made = await run()
+    if made != n:
+        raise RuntimeError(f"{label}: enqueued {made} of {n}")
+    await harness.expect_states(admin, {"pending": n, "done": SEED_DONE}, label)
+    results.add(key, label, rate_line(label, n, seconds))
 
 
 async def family_claim(server: Server, args, results: Results, _tmp: Path) -> None:
@@ -948,13 +967,7 @@ async def family_enqueue(server: Server, args, results: Results, _tmp: Path) -> 
             for group in groups:
                 for key, label, run in rotated(group, rep):
                     n = args.todos if key.startswith("enq1") else args.batched_todos
-                    await reset(admin)
-                    await harness.settle(admin)
-                    seconds, made = await run()
-                    if made != n:
-                        raise RuntimeError(f"{label}: enqueued {made} of {n}")
-                    await harness.expect_states(admin, {"pending": n, "done": SEED_DONE}, label)
-                    results.add(key, label, rate_line(label, n, seconds))
+                    await timed_enqueue(admin, results, key, label, run, n)
         await commit_probe(admin, results)
     finally:
         await hub.stop()
@@ -1012,16 +1025,7 @@ async def family_limit(server: Server, args, results: Results, tmp: Path) -> Non
         await commit_probe(admin, results)
 
         async def ours(script: PgbScript, transactions: int) -> tuple[float, int]:
-            run = await harness.pgbench(
-                dsn,
-                script.text,
-                clients=clients,
-                transactions=transactions,
-                tmp=tmp,
-                name=script.name,
-                variables=script.variables,
-                server_settings=dbmod.SERVER_SETTINGS,
-            )
+            run = await run_pgbench(dsn, script, clients=clients, transactions=transactions, tmp=tmp)
             return run.seconds, run.transactions * script.todos
 
         async def theirs(name: str, transactions: int) -> tuple[float, int]:
@@ -1259,13 +1263,7 @@ async def family_hints(server: Server, args, results: Results, _tmp: Path) -> No
             for group in groups:
                 log(f"[hints] run {rep + 1}/{args.runs}, {group[0][1].split(', ')[1]}")
                 for key, label, run in rotated(group, rep):
-                    await reset(admin)
-                    await harness.settle(admin)
-                    seconds, made = await run()
-                    if made != n:
-                        raise RuntimeError(f"{label}: enqueued {made} of {n}")
-                    await harness.expect_states(admin, {"pending": n, "done": SEED_DONE}, label)
-                    results.add(key, label, rate_line(label, n, seconds))
+                    await timed_enqueue(admin, results, key, label, run, n)
             for latency, load in rotated([(idle, False), (busy, True)], rep):
                 await reset(admin)
                 await harness.settle(admin)
@@ -1532,8 +1530,7 @@ async def run_all(server: Server, args, tmp: Path) -> int:
         await server.drop_all()
     build_rows(results)
     header = [
-        f"switchboard queue throughput — PostgreSQL {settings['version']} ({server.description})",
-        harness.settings_line(settings, harness.SHOWN_SETTINGS),
+        *harness.heading("queue throughput", server, settings),
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, asyncpg "
         f"{asyncpg.__version__}, pgqueuer {pgqueuer_version()}, "
         f"{'uvloop' if args.uvloop else 'asyncio'} loop, "
@@ -1594,10 +1591,16 @@ def report(results: Results, header: list[str], dump: dict, args) -> int:
     return 1 if (missed and args.strict) else 0
 
 
+# --quick and full-run sizes (options.Options): flag, full run, --quick, what it is.
+SIZES = """
+--runs          3      1    repetitions of every measurement
+--todos         5,000  200  todos per measurement
+--wake-samples  200    20   hint wake-up samples per run and condition
+"""
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, help="repetitions of every measurement (3)")
-    parser.add_argument("--todos", type=int, help="todos per measurement (5000)")
+    parser = options.Options(__doc__, "200 todos, 1 run, 20 wake-ups (unless given)", SIZES, targets=True)
     parser.add_argument(
         "--batched-todos",
         type=int,
@@ -1607,25 +1610,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "5,000 todos in batches take well under a second",
     )
     parser.add_argument(
-        "--quick", action="store_true", help="smoke run: 400 todos, 1 run (unless given otherwise)"
-    )
-    parser.add_argument(
         "--only", action="append", choices=list(FAMILIES), help="run only this scenario family (repeatable)"
     )
     parser.add_argument(
         "--pool", action="store_true", help="Store on one shared pool instead of one connection per worker"
     )
-    parser.add_argument(
-        "--wake-samples", type=int, metavar="N", help="hint wake-up samples per run and condition (200)"
-    )
     parser.add_argument("--uvloop", action="store_true", help="run on uvloop")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
-    args.runs = args.runs or (1 if args.quick else 3)
-    args.todos = args.todos or (400 if args.quick else 5000)
     args.batched_todos = args.batched_todos or 10 * args.todos
-    args.wake_samples = args.wake_samples or (40 if args.quick else 200)
     if args.runs < 1 or min(args.todos, args.batched_todos) < ENQUEUE_BATCH:
         parser.error(f"--runs must be at least 1, and --todos and --batched-todos at least {ENQUEUE_BATCH}")
     return args

@@ -3,6 +3,7 @@ elsewhere holds back vacuum? (issue 11)
 
     .venv/bin/python bench/sustained.py                  # the full run: 4 runs of 5 min, ~23 min
     .venv/bin/python bench/sustained.py --seconds 60     # shorter runs, same shape
+    .venv/bin/python bench/sustained.py --quick          # smoke run: 5-s runs of 20,000 pending
     DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/sustained.py
 
 Four runs, one after another, each on a fresh database holding --pending (400,000) pending
@@ -24,9 +25,9 @@ holds --pending todos throughout, the new ones behind the old:
                 into a Todo as the store does
   before, held  the same, with the held transaction
 
-Autovacuum runs as the server has it. Every 20 s each run prints a row: todos completed per
-second in that window, the call's latency (p50 and p99, ms), and the todos table's dead
-tuples (pg_stat_user_tables, which lags a little). At the end, the four runs side by side
+Autovacuum runs as the server has it. Every --window (20) s each run prints a row: todos
+completed per second in that window, the call's latency (p50 and p99, ms), and the todos
+table's dead tuples (pg_stat_user_tables, which lags a little). At the end, the four runs side by side
 with the ratios the targets name: last minute / first minute without the held transaction
 (≥ 0.8), each window held / not held (≥ 0.5), p99 under the held transaction (≤ 20 ms),
 and ours / before. The load average is printed with every table.
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -44,7 +44,8 @@ from pathlib import Path
 
 import asyncpg
 import harness
-from harness import Server, log
+import options
+from harness import Server, load, log
 from stats import pct, table
 
 from dashboard import db as dbmod
@@ -54,7 +55,6 @@ from dashboard.store import Store
 
 QUEUE = "sustained"
 TTL = 300.0
-WINDOW = 20.0  # seconds
 
 # complete_and_claim_next as it was before migration 0007 (sql/queries/transitions.sql at
 # 21a89ce), and the indexes it planned on then: the two pending ones and todos_leases.
@@ -131,9 +131,10 @@ class Run:
     held: bool
     latencies: dict[int, list[float]] = field(default_factory=dict)  # window → seconds per call
     dead: dict[int, int] = field(default_factory=dict)  # window → n_dead_tup at its end
+    window: float = 20.0  # seconds: --window
 
     def rate(self, w: int) -> float:
-        return len(self.latencies.get(w, [])) / WINDOW
+        return len(self.latencies.get(w, [])) / self.window
 
     def p(self, w: int, q: float) -> float:
         return pct(self.latencies.get(w, []), q) * 1000
@@ -145,11 +146,6 @@ RUNS = [
     Run("before", "before", ours=False, held=False),
     Run("before_held", "before, held", ours=False, held=True),
 ]
-
-
-def load() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"load average {one:.2f} / {five:.2f} / {fifteen:.2f} (1 / 5 / 15 min, {os.cpu_count()} cores)"
 
 
 async def prepare(server: Server, run: Run, pending: int) -> str:
@@ -180,7 +176,7 @@ async def worker(store: Store, run: Run, owner: str, todo: Todo, started: float,
             claimed = [Todo.from_record(r) for r in rows if r["part"] == "claimed"]
             todo = claimed[0] if claimed else None
         ended = time.perf_counter()
-        run.latencies.setdefault(int((ended - started) // WINDOW), []).append(ended - began)
+        run.latencies.setdefault(int((ended - started) // run.window), []).append(ended - began)
 
 
 async def refill(conn: asyncpg.Connection, run: Run, until: float) -> None:
@@ -198,14 +194,15 @@ async def refill(conn: asyncpg.Connection, run: Run, until: float) -> None:
 async def reporter(admin: asyncpg.Connection, run: Run, started: float, windows: int) -> None:
     print("  ".join(c.rjust(n) for c, n in zip(HEADER, WIDTHS, strict=True)), flush=True)
     for w in range(windows):
-        await asyncio.sleep(max(0.0, started + (w + 1) * WINDOW - time.perf_counter()) + 0.05)
+        await asyncio.sleep(max(0.0, started + (w + 1) * run.window - time.perf_counter()) + 0.05)
         run.dead[w] = await admin.fetchval(DEAD_TUPLES) or 0
-        row = (f"{(w + 1) * WINDOW:.0f}", f"{run.rate(w):,.0f}", f"{run.p(w, 50):.2f}", f"{run.p(w, 99):.2f}",
-               f"{run.dead[w]:,}")  # fmt: skip
+        row = (f"{(w + 1) * run.window:.0f}", f"{run.rate(w):,.0f}", f"{run.p(w, 50):.2f}",
+               f"{run.p(w, 99):.2f}", f"{run.dead[w]:,}")  # fmt: skip
         print("  ".join(c.rjust(n) for c, n in zip(row, WIDTHS, strict=True)), flush=True)
 
 
 async def measure(server: Server, run: Run, args: argparse.Namespace) -> None:
+    run.window = args.window
     dsn = await prepare(server, run, args.pending)
     print(f"\n{run.label}: {args.workers} workers, {args.pending:,} pending, {args.seconds:.0f} s; {load()}")
     held = admin = producer = pool = None
@@ -220,9 +217,9 @@ async def measure(server: Server, run: Run, args: argparse.Namespace) -> None:
         store = Store(pool)
         owners = [f"worker-{i + 1}" for i in range(args.workers)]
         firsts = [await store.claim(f"td_s{i + 1}", owner, TTL) for i, owner in enumerate(owners)]
-        windows = int(args.seconds // WINDOW)
+        windows = int(args.seconds // args.window)
         started = time.perf_counter()
-        until = started + windows * WINDOW
+        until = started + windows * args.window
         async with asyncio.TaskGroup() as group:
             group.create_task(reporter(admin, run, started, windows))
             group.create_task(refill(producer, run, until))
@@ -243,7 +240,7 @@ async def measure(server: Server, run: Run, args: argparse.Namespace) -> None:
 def summary(args: argparse.Namespace) -> list[str]:
     runs = {r.key: r for r in RUNS}
     ours, held, before, before_held = (runs[k] for k in ("ours", "ours_held", "before", "before_held"))
-    windows = int(args.seconds // WINDOW)
+    windows = int(args.seconds // args.window)
     rows = [("s", "ours", "ours, held", "held / not", "p99 held ms", "before", "before, held",
              "held / not", "ours / before", "held: ours / before")]  # fmt: skip
 
@@ -252,14 +249,15 @@ def summary(args: argparse.Namespace) -> list[str]:
 
     for w in range(windows):
         rows.append((
-            f"{(w + 1) * WINDOW:.0f}", f"{ours.rate(w):,.0f}", f"{held.rate(w):,.0f}",
+            f"{(w + 1) * args.window:.0f}", f"{ours.rate(w):,.0f}", f"{held.rate(w):,.0f}",
             ratio(held.rate(w), ours.rate(w)), f"{held.p(w, 99):.2f}",
             f"{before.rate(w):,.0f}", f"{before_held.rate(w):,.0f}",
             ratio(before_held.rate(w), before.rate(w)), ratio(ours.rate(w), before.rate(w)),
             ratio(held.rate(w), before_held.rate(w)),
         ))  # fmt: skip
-    out = ["", f"todos/s per {WINDOW:.0f}-s window, side by side; {load()}", *table(rows, set(range(10)))]
-    per_minute = int(60 // WINDOW)
+    heading = f"todos/s per {args.window:.0f}-s window, side by side; {load()}"
+    out = ["", heading, *table(rows, set(range(10)))]
+    per_minute = int(60 // args.window)
     if windows >= 2 * per_minute:
         for run in (ours, held, before, before_held):
             first = sum(run.rate(w) for w in range(per_minute)) / per_minute
@@ -270,7 +268,7 @@ def summary(args: argparse.Namespace) -> list[str]:
             )
     worst = min(range(windows), key=lambda w: held.rate(w) / ours.rate(w) if ours.rate(w) else 0)
     worst_ratio = ratio(held.rate(worst), ours.rate(worst))
-    out.append(f"ours, held / ours: worst window {worst_ratio} (at {(worst + 1) * WINDOW:.0f} s)")
+    out.append(f"ours, held / ours: worst window {worst_ratio} (at {(worst + 1) * args.window:.0f} s)")
     all_held = [x for w in range(windows) for x in held.latencies.get(w, [])]
     out.append(f"ours, held: claim latency p99 over the run {pct(all_held, 99) * 1000:.2f} ms")
     return out
@@ -278,9 +276,7 @@ def summary(args: argparse.Namespace) -> list[str]:
 
 async def run_all(server: Server, args: argparse.Namespace, tmp: Path) -> int:
     settings = await harness.server_settings(server.dsn)
-    version = await harness.server_settings(server.dsn, ("server_version",))
-    print(f"server: {server.description}, PostgreSQL {version['server_version']}; "
-          f"{harness.settings_line(settings, harness.SHOWN_SETTINGS)}")  # fmt: skip
+    print(harness.server_line(server, settings))
     selected = [r for r in RUNS if args.only is None or r.key in args.only]
     for run in selected:
         await measure(server, run, args)
@@ -289,21 +285,23 @@ async def run_all(server: Server, args: argparse.Namespace, tmp: Path) -> int:
     return 0
 
 
+# --quick and full-run sizes (options.Options): flag, full run, --quick, what it is.
+SIZES = """
+--seconds  300.0    5.0     each run's length
+--window   20.0     5.0     seconds a row of the report covers
+--pending  400,000  20,000  pending todos at the start
+"""
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=300.0, help="each run's length (default 300)")
-    parser.add_argument("--pending", type=int, default=400_000, help="pending todos at the start")
+    parser = options.Options(__doc__, "20,000 pending, one 5-s window a run", SIZES)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--only", nargs="+", choices=[r.key for r in RUNS], help="run only these")
     args = parser.parse_args(argv)
-    if args.seconds < WINDOW:
-        parser.error(f"--seconds must be at least {WINDOW:.0f}")
+    if args.seconds < args.window:
+        parser.error(f"--seconds must be at least --window ({args.window:.0f})")
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    return harness.run_on_server("sb-sustained-", run_all, parse_args(argv))
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.run_on_server("sb-sustained-", run_all, parse_args(None)))

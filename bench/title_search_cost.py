@@ -35,10 +35,10 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import asyncpg
 import harness
+import options
 import queue_throughput as qt
 from harness import Server, log
 from stats import Series, rotated, table, timed
@@ -122,39 +122,21 @@ async def enqueue(dsn: str, first: int, n: int) -> float:
 
 async def one_run(server: Server, base: str, args, tmp: Path, label: str) -> tuple[float, float]:
     """Enqueue, then claim + complete, on a fresh copy of database `base`: both rates."""
-    name = f"sb_bench_tcopy_{os.getpid()}"
-    admin = await asyncpg.connect(server.dsn)
+    dsn = await server.new_empty_database("tcopy", template=base)
+    per_client = max(1, args.todos // CLIENTS)
+    total = per_client * CLIENTS
+    conn = await asyncpg.connect(dsn)
     try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{base}"')
-        server.databases.append(name)  # dropped at exit if this run is interrupted
-        dsn = harness.with_database(server.dsn, name)
-        per_client = max(1, args.todos // CLIENTS)
-        total = per_client * CLIENTS
-        conn = await asyncpg.connect(dsn)
-        try:
-            await harness.checkpoint(conn)
-            enqueue_rate = total / await enqueue(dsn, args.table, total)
-            await harness.settle(conn)
-            script = qt.pgb_claim_complete()
-            run = await harness.pgbench(
-                dsn,
-                script.text,
-                clients=CLIENTS,
-                transactions=per_client,
-                tmp=tmp,
-                name="title_claim_complete",
-                variables=script.variables,
-                server_settings=dbmod.SERVER_SETTINGS,
-            )
-            await harness.expect_states(conn, {"done": args.table + total}, label)
-        finally:
-            await conn.close()
-        await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-        server.databases.remove(name)
-        return enqueue_rate, total / run.seconds
+        await harness.checkpoint(conn)
+        enqueue_rate = total / await enqueue(dsn, args.table, total)
+        await harness.settle(conn)
+        script = qt.pgb_claim_complete()
+        run = await qt.run_pgbench(dsn, script, clients=CLIENTS, transactions=per_client, tmp=tmp)
+        await harness.expect_states(conn, {"done": args.table + total}, label)
     finally:
-        await admin.close()
+        await conn.close()
+    await server.drop(dsn)
+    return enqueue_rate, total / run.seconds
 
 
 async def search_times(dsn: str) -> list[tuple[float, float]]:
@@ -192,15 +174,7 @@ async def run_all(server: Server, args, tmp: Path) -> int:
             size = await conn.fetchval("SELECT pg_size_pretty(pg_relation_size($1::regclass))", INDEX)
         finally:
             await conn.close()
-        with_name = urlsplit(with_dsn).path.lstrip("/")
-        without_name = f"sb_bench_title_without_{os.getpid()}"
-        admin = await asyncpg.connect(server.dsn)
-        try:
-            await admin.execute(f'CREATE DATABASE "{without_name}" TEMPLATE "{with_name}"')
-            server.databases.append(without_name)
-        finally:
-            await admin.close()
-        without_dsn = harness.with_database(server.dsn, without_name)
+        without_dsn = await server.new_empty_database("title_without", template=with_dsn)
         conn = await asyncpg.connect(without_dsn)
         try:
             await conn.execute(f"DROP INDEX {INDEX}")
@@ -209,16 +183,16 @@ async def run_all(server: Server, args, tmp: Path) -> int:
             await conn.close()
 
         variants = {
-            "with": (with_name, f"with {INDEX} (0014)"),
-            "without": (without_name, "without it (before 0014)"),
+            "with": (with_dsn, f"with {INDEX} (0014)"),
+            "without": (without_dsn, "without it (before 0014)"),
         }
         enqueues = {k: Series(k, label) for k, (_, label) in variants.items()}
         claims = {k: Series(k, label) for k, (_, label) in variants.items()}
         for rep in range(args.runs):
             log(f"[title] run {rep + 1}/{args.runs}")
             for k in rotated(list(variants), rep):
-                name, label = variants[k]
-                enqueue_rate, claim_rate = await one_run(server, name, args, tmp, label)
+                base, label = variants[k]
+                enqueue_rate, claim_rate = await one_run(server, base, args, tmp, label)
                 log(f"  {label:<40} enqueue {enqueue_rate:>7,.0f}/s  claim + complete {claim_rate:>7,.0f}/s")
                 enqueues[k].rates.append(enqueue_rate)
                 claims[k].rates.append(claim_rate)
@@ -256,8 +230,7 @@ async def run_all(server: Server, args, tmp: Path) -> int:
             )
         )
     header = [
-        f"switchboard title search cost — PostgreSQL {settings['version']} ({server.description})",
-        harness.settings_line(settings, harness.SHOWN_SETTINGS),
+        *harness.heading("title search cost", server, settings),
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, pgbench {harness.pgbench_version()} "
         f"(-M prepared, -c {CLIENTS}), generic plans",
         f"{args.table:,} finished todos in the table; each run {args.todos:,} more enqueued "
@@ -273,24 +246,21 @@ async def run_all(server: Server, args, tmp: Path) -> int:
     return 0
 
 
+# --quick and full-run sizes (options.Options): flag, full run, --quick, what it is.
+SIZES = """
+--runs   3        1       rounds over both schemas
+--table  200,000  10,000  finished todos in the table
+--todos  5,000    1,000   todos enqueued, claimed and completed per run
+"""
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, help="rounds over both schemas (3)")
-    parser.add_argument("--table", type=int, help="finished todos in the table (200,000)")
-    parser.add_argument("--todos", type=int, help="todos enqueued, claimed and completed per run (5,000)")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 10,000 todos, 1,000 per run, 1 run")
+    parser = options.Options(__doc__, "10,000 todos, 1,000 per run, 1 run", SIZES)
     args = parser.parse_args(argv)
-    args.runs = args.runs or (1 if args.quick else 3)
-    args.table = args.table or (10_000 if args.quick else 200_000)
-    args.todos = args.todos or (1000 if args.quick else 5000)
     if args.runs < 1 or args.todos < CLIENTS or args.table < 1:
         parser.error(f"--runs and --table must be at least 1, --todos at least {CLIENTS}")
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    return harness.run_on_server("sb-title-", run_all, parse_args(argv))
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.run_on_server("sb-title-", run_all, parse_args(None)))

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import shutil
 import statistics
@@ -52,7 +51,8 @@ from pathlib import Path
 import asyncpg
 import harness
 import httpx
-from harness import Server, log
+import options
+from harness import Server, load, log
 from stats import pct, rotated, table
 
 from dashboard import db as dbmod
@@ -68,11 +68,6 @@ PAUSE = 0.020  # at most this long between one answer and the next completion
 WARMUP = 1.0
 TARGET_P95_MS = 25.0
 WAITS_MIGRATION = "0011_waits.sql"
-
-
-def load() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"load average {one:.2f} / {five:.2f} / {fifteen:.2f} (1 / 5 / 15 min, {os.cpu_count()} cores)"
 
 
 # -- wake-up -------------------------------------------------------------------------------
@@ -301,8 +296,7 @@ async def run_hot(server: Server, args, tmp: Path) -> list[str]:
 async def run_all(server: Server, args: argparse.Namespace, tmp: Path) -> int:
     started = time.monotonic()
     settings = await harness.server_settings(server.dsn)
-    print(f"server: {server.description}, PostgreSQL {settings['version']}; "
-          f"{harness.settings_line(settings, harness.SHOWN_SETTINGS)}; {load()}", flush=True)  # fmt: skip
+    print(f"{harness.server_line(server, settings)}; {load()}", flush=True)
     try:
         if "wake" in args.only:
             print("\n".join(await run_wake(server, args, tmp)), flush=True)
@@ -314,31 +308,24 @@ async def run_all(server: Server, args: argparse.Namespace, tmp: Path) -> int:
     return 0
 
 
+# --quick and full-run sizes (options.Options): flag, full run, --quick, what it is.
+SIZES = """
+--waiters  100      30      waiters (and todos) per wake-up round
+--pending  200,000  20,000  todos in each hot-path database
+--seconds  2.0      2.0     each hot-path window
+--windows  20       2       hot-path windows per variant
+--rounds   3        1       wake-up rounds per completer
+"""
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="smoke run: 30 waiters, 20,000 todos, 1 round, 2 windows"
-    )
-    parser.add_argument("--waiters", type=int, help="waiters (and todos) per wake-up round (100)")
-    parser.add_argument("--pending", type=int, help="todos in each hot-path database (200,000)")
-    parser.add_argument("--seconds", type=float, help="each hot-path window (2)")
-    parser.add_argument("--windows", type=int, help="hot-path windows per variant (20)")
-    parser.add_argument("--rounds", type=int, help="wake-up rounds per completer (3)")
+    parser = options.Options(__doc__, "30 waiters, 20,000 todos, 1 round, 2 windows", SIZES)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--only", action="append", choices=["wake", "hot"], help="run only this part")
     args = parser.parse_args(argv)
-    args.waiters = args.waiters or (30 if args.quick else 100)
-    args.pending = args.pending or (20_000 if args.quick else 200_000)
-    args.seconds = args.seconds or 2.0
-    args.windows = args.windows or (2 if args.quick else 20)
-    args.rounds = args.rounds or (1 if args.quick else 3)
     args.only = args.only or ["wake", "hot"]
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    return harness.run_on_server("sb-wait-latency-", run_all, parse_args(argv))
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.run_on_server("sb-wait-latency-", run_all, parse_args(None)))

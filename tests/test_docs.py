@@ -59,3 +59,29 @@ def test_every_docs_page_is_in_the_nav():
     pages = {path.relative_to(DOCS).as_posix() for path in DOCS.rglob("*.md")}
     assert pages - in_nav == set(), "pages of docs/ missing from mkdocs.yml's nav"
     assert in_nav - pages == set(), "mkdocs.yml's nav names pages that do not exist"
+
+
+def ci_bench_loop() -> tuple[str, set[str]]:
+    """.ci/run's loop over the benchmarks: its `for` line and the helper modules it skips."""
+    text = (ROOT / ".ci" / "run").read_text()
+    loop = re.search(r"^for (\w+) in (\S+); do$", text, flags=re.M)
+    skipped = re.search(r"^\s+([\w| ]+)\) continue ;;", text, flags=re.M)
+    assert loop and skipped, ".ci/run has no loop over bench/ that skips the helper modules"
+    return loop[2], {name.strip() for name in skipped[1].split("|")}
+
+
+def test_ci_runs_every_benchmark_in_quick_mode():
+    """A benchmark takes its command line from bench/options.py, which gives it --quick; .ci/run
+    runs every script in bench/ but the helper modules it names, so a new benchmark without a
+    quick mode fails here."""
+    pattern, helpers = ci_bench_loop()
+    assert pattern == "bench/*.py", ".ci/run's benchmark loop must cover every script in bench/"
+    scripts = {path.stem: path.read_text() for path in (ROOT / "bench").glob("*.py")}
+    assert helpers <= set(scripts), ".ci/run skips bench modules that no longer exist"
+    quick = {
+        name
+        for name, source in scripts.items()
+        if re.search(r"^import options$", source, flags=re.M) and "options.Options(__doc__" in source
+    }
+    assert set(scripts) - helpers - quick == set(), "benchmarks without --quick (from options.Options)"
+    assert helpers & quick == set(), ".ci/run skips benchmarks as if they were helper modules"
