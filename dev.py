@@ -2,7 +2,8 @@
 """Bootstrap for newcomers and CI, standard library only.
 
     python3 dev.py up      # the dashboard on the embedded PostgreSQL (http://localhost:8000)
-    python3 dev.py test    # the whole test suite (extra arguments go to pytest)
+    python3 dev.py test    # the whole test suite (extra arguments go to pytest); it ends
+                           # with its wall time, within ten minutes on two quiet cores
 
 Makes .venv and installs the project into it (again only when pyproject.toml changed).
 The browser tests need Debian's chromium: `test` installs it with apt-get when it is

@@ -12,6 +12,7 @@ import itertools
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -23,7 +24,7 @@ from dashboard import db as dbmod
 from dashboard.control import Control
 from dashboard.migrate import apply_migrations
 from dashboard.store import Store
-from tests.factories import empty_tables
+from tests.factories import agent_token, empty_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 _counter = itertools.count()
@@ -61,11 +62,25 @@ def server_dsn(tmp_path_factory):
     base = Path(given or tempfile.mkdtemp(prefix="sb-test-"))
     server = dbmod.start_embedded(base / "pgdata")
     try:
+        run(_no_fsync(server.get_uri()))
         yield server.get_uri()
     finally:
         dbmod.release_embedded(server)
         if not given and not (base / "pgdata" / "postmaster.pid").exists():
             shutil.rmtree(base, ignore_errors=True)  # its own temporary data dir (about 0.5 GB)
+
+
+async def _no_fsync(server_dsn: str) -> None:
+    """The embedded test server skips fsync: cloning the template (CREATE DATABASE writes
+    all of it) takes a third of the time, and commits are cheaper too. A server a test
+    kills loses nothing by it, only a machine that goes down would. Never done to a
+    DATABASE_URL server."""
+    conn = await asyncpg.connect(server_dsn)
+    try:
+        await conn.execute("ALTER SYSTEM SET fsync = off")
+        await conn.execute("SELECT pg_reload_conf()")
+    finally:
+        await conn.close()
 
 
 @pytest.fixture(scope="session")
@@ -208,6 +223,29 @@ async def fresh_module_db(module_pool):
     await empty_tables(module_pool)
 
 
+# The agent API in process for such a module (helpers: tests/agent_api.py): one app
+# (lifespan and LISTEN hub; no reaper, since these tests move time by SQL) and its tokens.
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def api_client(module_dsn, module_pool):
+    """The real app in process, shared by the module's tests."""
+    async with in_process(await build_app(module_dsn, module_pool, reaper=False)) as client:
+        yield client
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def bot(module_pool) -> dict:
+    """An agent token for queues work and other (not secret)."""
+    return await agent_token(module_pool, "bot", ["work", "other"])
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def rival(module_pool) -> dict:
+    """Another agent's token, for queue work."""
+    return await agent_token(module_pool, "rival", ["work"])
+
+
 # -- the web app ---------------------------------------------------------------------
 
 
@@ -329,3 +367,26 @@ def live_store(live_conn) -> Store:
 def live_control(live_store) -> Control:
     """An operator beside the live server."""
     return Control(live_store.db)
+
+
+# -- the suite's wall time -------------------------------------------------------------
+# `python3 dev.py test` is a newcomer's second command: the whole suite stays within
+# SUITE_BUDGET_SECONDS on a quiet two-core machine. The load average says whether a slow
+# run was the suite or the machine.
+
+SUITE_BUDGET_SECONDS = 600
+_started = pytest.StashKey[float]()
+
+
+def pytest_sessionstart(session):
+    session.config.stash[_started] = time.monotonic()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    took = time.monotonic() - config.stash[_started]
+    what = "whole suite" if config.args_source is pytest.Config.ArgsSource.TESTPATHS else "this run"
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    terminalreporter.write_line(
+        f"{what}: {took:.0f} s, load average {load} on {os.cpu_count()} cores"
+        f" (the whole suite's budget: {SUITE_BUDGET_SECONDS} s on a quiet two-core machine)"
+    )

@@ -14,14 +14,11 @@ import asyncio
 import httpx
 import pytest
 
-from tests import test_api
+from tests.agent_api import API, claim, create, problem
 from tests.conftest import ONE_DATABASE_PER_MODULE
 from tests.factories import agent_token, assert_new_token, enqueue, history, snapshot, todo_row, unique
-from tests.test_api import API, claim, create, problem
 
 pytestmark = ONE_DATABASE_PER_MODULE
-# test_api's app and tokens, made afresh for this module
-api_client, bot, rival = test_api.api_client, test_api.bot, test_api.rival
 
 
 async def claim_many(client, headers, n: int, queues=("work",), **body) -> httpx.Response:

@@ -6,7 +6,7 @@ one in the same step), and create with priority, run_at, delay and assignee_unti
 within the token's queues: a queue named in the path outside them is 403, a todo outside
 them 404. After every refusal the database is compared with a snapshot taken before it.
 
-Tokens (test_api's): `bot` covers queues work and other; `rival` covers work only.
+Tokens (conftest's): `bot` covers queues work and other; `rival` covers work only.
 """
 
 from __future__ import annotations
@@ -19,14 +19,11 @@ import httpx
 import pytest
 
 from dashboard.models import MAX_DELAY
-from tests import test_api
+from tests.agent_api import API, act, claim, create, parse, problem
 from tests.conftest import ONE_DATABASE_PER_MODULE
 from tests.factories import agent_token, db_now, enqueue, history, last_step, snapshot, todo_row, unique
-from tests.test_api import API, act, claim, create, parse, problem
 
 pytestmark = ONE_DATABASE_PER_MODULE
-# test_api's app and tokens, made afresh for this module
-api_client, bot, rival = test_api.api_client, test_api.bot, test_api.rival
 
 
 async def pause(client, headers, queue: str, **body):

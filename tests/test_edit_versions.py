@@ -17,14 +17,12 @@ from dashboard.edits import CHANGES_SHOWN
 from dashboard.errors import Conflict, InvalidInput, Stale
 from dashboard.models import Actor, TodoEdit, check_version, version_of
 from dashboard.queries import TRANSITIONS
-from tests import test_api
+from tests.agent_api import API, problem
 from tests.conftest import ONE_DATABASE_PER_MODULE
 from tests.factories import dead_letter, enqueue, snapshot, todo_row
 from tests.processes import eventually
-from tests.test_api import API, problem
 
 pytestmark = ONE_DATABASE_PER_MODULE
-api_client, bot = test_api.api_client, test_api.bot  # test_api's app and token (queues work, other)
 OLGA, SAM = Actor("operator", "olga"), Actor("operator", "sam")
 
 
