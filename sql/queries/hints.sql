@@ -4,7 +4,7 @@
 
 -- name: send
 -- One hint per queue in :queues, '{"queue": …}', and one per todo in :todos, '{"todo": …}'
--- (it finished while a waiter watched it: dashboard/web/waits.py).
+-- (it finished while a waiter watched it: dashboard/agents.py).
 SELECT pg_notify('switchboard', hint::text)
 FROM (SELECT json_build_object('queue', q) FROM unnest(:queues::text[]) AS q
       UNION ALL

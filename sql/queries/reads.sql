@@ -248,49 +248,22 @@ SELECT DISTINCT queue FROM todos WHERE state = 'failed' ORDER BY queue;
 
 -- name: list_todos
 -- The queue page and the API list: newest first, keyset-paginated after the todo
--- (:before_at, :before_id). Every filter may be null, meaning any. :face picks one face
--- of pending: ready, retrying or scheduled. :payload_has: an object the payload contains
--- (the API's); :payload_any: objects the payload contains one of (the search's terms,
--- dashboard/payload_search.py; empty: none matches). :search_like: the title's pattern, which
--- todos_text_search (0014) answers. Reads plans this statement for each
--- call's values (a custom plan), so the null filters fold away and the planner picks
--- the index that fits the rest; a generic plan could not know which one that is.
+-- (:before_at, :before_id), filtered by todo_filter (fragments.sql). Reads plans this
+-- statement for each call's values (a custom plan), so the null filters fold away and
+-- the planner picks the index that fits the rest; a generic plan could not know which
+-- one that is.
 SELECT *, now() AS read_at FROM todos
-WHERE (:queue::text IS NULL OR queue = :queue)
-  AND (:queues::text[] IS NULL OR queue = ANY (:queues))
-  AND (:state::todo_state IS NULL OR state = :state)
-  AND (:face::text IS NULL
-       OR (:face = 'ready' AND ready_at <= now())
-       OR (:face = 'retrying' AND ready_at > now() AND next_retry_at IS NOT NULL)
-       OR (:face = 'scheduled' AND ready_at > now() AND next_retry_at IS NULL))
-  AND (:assignee::text IS NULL OR assignee = :assignee)
-  AND (:owner::text IS NULL OR owner = :owner)
-  AND (:kind::text IS NULL OR kind = :kind)
-  AND (:search::text IS NULL OR id = :search OR idempotency_key = :search OR title ILIKE :search_like)
-  AND (:payload_has::jsonb IS NULL OR payload @> :payload_has)
-  AND (:payload_any::jsonb[] IS NULL OR payload @> ANY (:payload_any))
+-- include: todo_filter
   AND (:before_at::timestamptz IS NULL OR (created_at, id) < (:before_at, :before_id::text))
 ORDER BY created_at DESC, id DESC
 LIMIT :limit;
 
 -- name: matching_ids
 -- A bulk action's "all matching this filter": the ids list_todos would page through, with
--- the same filter (kept identical to it; tests/test_web_control.py compares them), up
--- to :limit, oldest first. Planned for the call's values, as list_todos is.
+-- the same filter (todo_filter; tests/test_web_control.py compares them), up to :limit,
+-- oldest first. Planned for the call's values, as list_todos is.
 SELECT id FROM todos
-WHERE (:queue::text IS NULL OR queue = :queue)
-  AND (:queues::text[] IS NULL OR queue = ANY (:queues))
-  AND (:state::todo_state IS NULL OR state = :state)
-  AND (:face::text IS NULL
-       OR (:face = 'ready' AND ready_at <= now())
-       OR (:face = 'retrying' AND ready_at > now() AND next_retry_at IS NOT NULL)
-       OR (:face = 'scheduled' AND ready_at > now() AND next_retry_at IS NULL))
-  AND (:assignee::text IS NULL OR assignee = :assignee)
-  AND (:owner::text IS NULL OR owner = :owner)
-  AND (:kind::text IS NULL OR kind = :kind)
-  AND (:search::text IS NULL OR id = :search OR idempotency_key = :search OR title ILIKE :search_like)
-  AND (:payload_has::jsonb IS NULL OR payload @> :payload_has)
-  AND (:payload_any::jsonb[] IS NULL OR payload @> ANY (:payload_any))
+-- include: todo_filter
 ORDER BY created_at, id
 LIMIT :limit;
 

@@ -4,6 +4,9 @@
 -- classifies the miss (classify_miss) as NotFound or Conflict.
 -- Leases are written with clock_timestamp(): a statement may wait on a row lock first.
 -- Parameters are named (:owner); dashboard/queries.py numbers them for asyncpg.
+-- What several statements share is written once in fragments.sql and taken with an
+-- `-- include: x` line: who may claim (claimable), the claim scan, the lease guard, the
+-- history row's columns, what completing, failing and retrying write.
 -- History rows record who moved the todo as a kind and a bare name (DESIGN.md, "Actors"):
 -- claim by id, heartbeat, release, complete and fail write (:actor_kind, :owner): 'agent',
 -- or 'operator' for a person working their inbox; the batch claims and completions are
@@ -40,8 +43,7 @@ WITH upserted AS (
                       updated_at = clock_timestamp()
     RETURNING t.*
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
-                              event, queue, elapsed)
+    -- include: history_insert
     SELECT id,
            CASE WHEN id = ANY (:ids::text[]) THEN NULL ELSE state END,
            state, :actor_kind, :actor, attempt,
@@ -58,61 +60,14 @@ FROM unnest(:ids::text[], :sources::text[], :kinds::text[], :payloads::text[]) A
 
 -- name: claim_batch
 -- Claim up to :n claimable todos in :queues for :owner, with a lease of :ttl seconds
--- (claim_next is a batch of one): the highest priority first, the longest ready first
--- within it. Rows come back in claim order.
--- Paused queues are left out (`open`). A todo is claimable once its ready_at has come
--- (statement_timestamp(), not now(), so that a todo created earlier in the caller's own
--- transaction counts), and when it is not assigned to someone else, or its assignee's
--- time (assignee_until) is up.
--- The scan starts where this claimer's last claim ended (the store's ClaimCursors):
--- priority level :rank (-priority) at ready_at :after, so it does not step over the
--- entries of everything claimed before it (migrations 0007, 0008). `higher` takes a todo
--- of a higher priority that became ready since, from the oldest of those levels; `same`
--- goes on from the position; `lower` takes the levels below, each from its oldest. A scan
--- from the oldest is rank -10, after null: `same` and `lower` then cover every level.
--- Each branch claims only what the ones before left of :n, and is skipped at 0.
--- The `id = ANY (ARRAY (…))` form keeps the row lookups on the primary key in generic plans.
-WITH open AS (
-    SELECT array(SELECT q FROM unnest(:queues::text[]) AS q
-                 WHERE NOT EXISTS (SELECT FROM queue_pauses p WHERE p.queue = q)) AS queues
-), higher AS (
-    SELECT id FROM todos
-    WHERE state = 'pending' AND queue = ANY ((SELECT queues FROM open)::text[])
-      AND -priority < :rank::int AND ready_at <= statement_timestamp()
-      AND (assignee IS NULL OR assignee = :owner OR assignee_until <= statement_timestamp())
-    ORDER BY -priority, ready_at
-    LIMIT :n
-    FOR UPDATE SKIP LOCKED
-), same AS (
-    SELECT id FROM todos
-    WHERE state = 'pending' AND queue = ANY ((SELECT queues FROM open)::text[])
-      AND -priority = :rank::int
-      AND ready_at >= coalesce(:after::timestamptz, '-infinity') AND ready_at <= statement_timestamp()
-      AND (assignee IS NULL OR assignee = :owner OR assignee_until <= statement_timestamp())
-    ORDER BY -priority, ready_at
-    LIMIT :n - (SELECT count(*) FROM higher)
-    FOR UPDATE SKIP LOCKED
-), lower AS (
-    SELECT id FROM todos
-    WHERE state = 'pending' AND queue = ANY ((SELECT queues FROM open)::text[])
-      AND -priority > :rank::int AND ready_at <= statement_timestamp()
-      AND (assignee IS NULL OR assignee = :owner OR assignee_until <= statement_timestamp())
-    ORDER BY -priority, ready_at
-    LIMIT :n - (SELECT count(*) FROM higher) - (SELECT count(*) FROM same)
-    FOR UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE todos t
-    SET state = 'claimed', owner = :owner, attempt = t.attempt + 1,
-        lease_token = todo_lease_token(t.lease_token), next_retry_at = NULL,
-        lease_expires_at = clock_timestamp() + make_interval(secs => :ttl),
-        claimed_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
-        updated_at = clock_timestamp()
-    WHERE t.id = ANY (ARRAY (SELECT id FROM higher UNION ALL SELECT id FROM same
-                             UNION ALL SELECT id FROM lower))
-    RETURNING t.*
-), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
-                              event, queue, elapsed)
+-- (claim_next is a batch of one), from the position (:rank, :after): claim_scan in
+-- fragments.sql. Rows come back in claim order.
+WITH wanted AS (
+    SELECT :n::bigint AS n
+),
+-- include: claim_scan
+, logged AS (
+    -- include: history_insert
     SELECT id, 'pending', 'claimed', 'agent', :owner, attempt, 'claimed',
            'claimed', queue, extract(epoch FROM claimed_at - ready_at) FROM claimed
 )
@@ -121,17 +76,11 @@ SELECT * FROM claimed ORDER BY -priority, ready_at;
 -- name: complete
 -- :owner completes todo :id (lease :lease) with :result (JSON text, or null).
 -- :scope, when not null, is the API token's queues: a todo outside them is not touched
--- (as in every agent transition below).
+-- (as in every agent transition below: held_by_caller).
 WITH completed AS (
-    UPDATE todos
-    SET state = 'done', result = :result::text::jsonb, lease_expires_at = NULL, heartbeat_at = NULL,
-        completed_at = clock_timestamp(), updated_at = clock_timestamp()
-    WHERE id = :id AND state = 'claimed' AND owner = :owner AND lease_token = :lease
-      AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
-    RETURNING *
+    -- include: complete_held
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
-                              event, queue, elapsed)
+    -- include: history_insert
     SELECT id, 'claimed', 'done', :actor_kind, :owner, attempt, 'completed',
            'completed', queue, extract(epoch FROM completed_at - claimed_at) FROM completed
 )
@@ -152,15 +101,14 @@ WITH items AS (
     FOR UPDATE OF t
 ), completed AS (
     UPDATE todos t
-    SET state = 'done', result = i.result::jsonb, lease_expires_at = NULL, heartbeat_at = NULL,
-        completed_at = clock_timestamp(), updated_at = clock_timestamp()
+    SET result = i.result::jsonb,
+        -- include: done
     FROM items i
     WHERE t.id = ANY (ARRAY (SELECT id FROM held)) AND t.id = i.id
       AND (NOT :all_or_none OR (SELECT count(*) FROM held) = cardinality(:ids::text[]))
     RETURNING t.*
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
-                              event, queue, elapsed)
+    -- include: history_insert
     SELECT id, 'claimed', 'done', 'agent', :owner, attempt, 'completed',
            'completed', queue, extract(epoch FROM completed_at - claimed_at) FROM completed
 )
@@ -172,56 +120,13 @@ SELECT * FROM completed;
 -- `claim_batch` does, in one round trip and one commit. Rows come back tagged
 -- 'completed', then 'claimed'.
 WITH completed AS (
-    UPDATE todos
-    SET state = 'done', result = :result::text::jsonb, lease_expires_at = NULL, heartbeat_at = NULL,
-        completed_at = clock_timestamp(), updated_at = clock_timestamp()
-    WHERE id = :id AND state = 'claimed' AND owner = :owner AND lease_token = :lease
-      AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
-    RETURNING *
-), open AS (
-    SELECT array(SELECT q FROM unnest(:queues::text[]) AS q
-                 WHERE NOT EXISTS (SELECT FROM queue_pauses p WHERE p.queue = q)) AS queues
-), higher AS (
-    SELECT id FROM todos
-    WHERE state = 'pending' AND queue = ANY ((SELECT queues FROM open)::text[])
-      AND -priority < :rank::int AND ready_at <= statement_timestamp()
-      AND (assignee IS NULL OR assignee = :owner OR assignee_until <= statement_timestamp())
-      AND EXISTS (SELECT FROM completed)
-    ORDER BY -priority, ready_at
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED
-), same AS (
-    SELECT id FROM todos
-    WHERE state = 'pending' AND queue = ANY ((SELECT queues FROM open)::text[])
-      AND -priority = :rank::int
-      AND ready_at >= coalesce(:after::timestamptz, '-infinity') AND ready_at <= statement_timestamp()
-      AND (assignee IS NULL OR assignee = :owner OR assignee_until <= statement_timestamp())
-      AND EXISTS (SELECT FROM completed)
-    ORDER BY -priority, ready_at
-    LIMIT 1 - (SELECT count(*) FROM higher)
-    FOR UPDATE SKIP LOCKED
-), lower AS (
-    SELECT id FROM todos
-    WHERE state = 'pending' AND queue = ANY ((SELECT queues FROM open)::text[])
-      AND -priority > :rank::int AND ready_at <= statement_timestamp()
-      AND (assignee IS NULL OR assignee = :owner OR assignee_until <= statement_timestamp())
-      AND EXISTS (SELECT FROM completed)
-    ORDER BY -priority, ready_at
-    LIMIT 1 - (SELECT count(*) FROM higher) - (SELECT count(*) FROM same)
-    FOR UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE todos t
-    SET state = 'claimed', owner = :owner, attempt = t.attempt + 1,
-        lease_token = todo_lease_token(t.lease_token), next_retry_at = NULL,
-        lease_expires_at = clock_timestamp() + make_interval(secs => :ttl),
-        claimed_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
-        updated_at = clock_timestamp()
-    WHERE t.id = ANY (ARRAY (SELECT id FROM higher UNION ALL SELECT id FROM same
-                             UNION ALL SELECT id FROM lower))
-    RETURNING t.*
-), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
-                              event, queue, elapsed)
+    -- include: complete_held
+), wanted AS (  -- one todo, if this one completed
+    SELECT count(*) AS n FROM completed
+),
+-- include: claim_scan
+, logged AS (
+    -- include: history_insert
     SELECT id, 'claimed'::todo_state, 'done'::todo_state, 'agent', :owner, attempt, 'completed',
            'completed', queue, extract(epoch FROM completed_at - claimed_at)::real
     FROM completed
@@ -234,25 +139,20 @@ UNION ALL
 SELECT 'claimed' AS part, * FROM claimed;
 
 -- name: claim
--- Claim todo :id for :owner with a lease of :ttl seconds, if it is due, not assigned
--- to someone else (or its assignee's time is up) and its queue is not paused. The guard compares state::text so that no plan can take the pending
+-- Claim todo :id for :owner with a lease of :ttl seconds, if it is claimable and its
+-- queue is not paused. The guard compares state::text so that no plan can take the pending
 -- indexes instead of the primary key: when few todos are pending, a generic plan found
 -- them as cheap, and then walked every dead entry in them while vacuum was held back.
 WITH claimed AS (
     UPDATE todos
-    SET state = 'claimed', owner = :owner, attempt = attempt + 1,
-        lease_token = todo_lease_token(lease_token), next_retry_at = NULL,
-        lease_expires_at = clock_timestamp() + make_interval(secs => :ttl),
-        claimed_at = clock_timestamp(), heartbeat_at = clock_timestamp(),
-        updated_at = clock_timestamp()
-    WHERE id = :id AND state::text = 'pending' AND ready_at <= statement_timestamp()
-      AND (assignee IS NULL OR assignee = :owner OR assignee_until <= statement_timestamp())
+    -- include: claim_lease
+    WHERE id = :id AND state::text = 'pending'
+      -- include: claimable
       AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
       AND NOT EXISTS (SELECT FROM queue_pauses p WHERE p.queue = todos.queue)
     RETURNING *
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
-                              event, queue, elapsed)
+    -- include: history_insert
     SELECT id, 'pending', 'claimed', :actor_kind, :owner, attempt, 'claimed by id',
            'claimed', queue, extract(epoch FROM claimed_at - ready_at) FROM claimed
 )
@@ -265,12 +165,10 @@ WITH beat AS (
     UPDATE todos
     SET lease_expires_at = clock_timestamp() + make_interval(secs => :ttl),
         heartbeat_at = clock_timestamp(), updated_at = clock_timestamp()
-    WHERE id = :id AND state = 'claimed' AND owner = :owner AND lease_token = :lease
-      AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
+    -- include: held_by_caller
     RETURNING *
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
-                              event, queue, elapsed)
+    -- include: history_insert
     SELECT id, 'claimed', 'claimed', :actor_kind, :owner, attempt, 'heartbeat', 'heartbeat', queue, NULL FROM beat
 )
 SELECT * FROM beat;
@@ -279,14 +177,11 @@ SELECT * FROM beat;
 -- Give todo :id back (owner :owner, lease :lease). The attempt stays counted, as in SQS.
 WITH released AS (
     UPDATE todos
-    SET state = 'pending', owner = NULL, lease_expires_at = NULL, heartbeat_at = NULL,
-        ready_at = clock_timestamp(), updated_at = clock_timestamp()
-    WHERE id = :id AND state = 'claimed' AND owner = :owner AND lease_token = :lease
-      AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
+    -- include: lease_returned
+    -- include: held_by_caller
     RETURNING *
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
-                              event, queue, elapsed)
+    -- include: history_insert
     SELECT id, 'claimed', 'pending', :actor_kind, :owner, attempt, 'released',
            'released', queue, extract(epoch FROM updated_at - claimed_at) FROM released
 )
@@ -304,8 +199,7 @@ WITH given AS (
     WHERE t.id = i.id AND t.state = 'claimed' AND t.owner = :owner AND t.lease_token = i.lease
     RETURNING t.*
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
-                              event, queue, elapsed)
+    -- include: history_insert
     SELECT id, 'claimed', 'pending', 'agent', :owner, attempt,
            'given back: the claimer disconnected before the claim reached it (attempt not counted)',
            'given_back', queue, NULL FROM given
@@ -314,29 +208,20 @@ SELECT * FROM given;
 
 -- name: fail
 -- Todo :id (owner :owner, lease :lease) failed with :error: back to pending with a retry
--- time below max_attempts, dead-lettered (failed) at the cap. The retry time (random:
--- todo_backoff) is drawn once, in `held`, for both next_retry_at and ready_at.
+-- time below max_attempts, dead-lettered (failed) at the cap (retry_at, failure).
 WITH held AS (
-    SELECT id, CASE WHEN attempt < max_attempts THEN clock_timestamp() + todo_backoff(attempt) END
-               AS retry_at
-    FROM todos
-    WHERE id = :id AND state = 'claimed' AND owner = :owner AND lease_token = :lease
-      AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
+    -- include: retry_at
+    -- include: held_by_caller
     FOR UPDATE
 ), failed AS (
     UPDATE todos t
-    SET state = CASE WHEN h.retry_at IS NULL THEN 'failed' ELSE 'pending' END::todo_state,
-        next_retry_at = h.retry_at, ready_at = coalesce(h.retry_at, t.ready_at),
-        completed_at = CASE WHEN h.retry_at IS NULL THEN clock_timestamp() END,
-        owner = CASE WHEN h.retry_at IS NULL THEN t.owner END,
-        lease_expires_at = NULL, heartbeat_at = NULL, last_error = :error,
-        updated_at = clock_timestamp()
-    FROM held h
-    WHERE t.id = h.id AND t.id = :id
+    SET last_error = :error,
+        -- include: failure
+    FROM held AS failing
+    WHERE t.id = failing.id AND t.id = :id
     RETURNING t.*
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
-                              event, queue, elapsed)
+    -- include: history_insert
     SELECT id, 'claimed', state, :actor_kind, :owner, attempt, :error,
            'failed', queue, extract(epoch FROM updated_at - claimed_at) FROM failed
 )
@@ -345,38 +230,29 @@ SELECT * FROM failed;
 -- name: reap
 -- Up to :limit claimed todos whose lease lapsed: treated as a failure of their owner.
 -- Safe with many reapers at once: each locks different rows, and the guard is re-checked.
--- Each retry time is drawn once, in `expired`, for both next_retry_at and ready_at.
 WITH expired AS (
-    SELECT id, CASE WHEN attempt < max_attempts THEN clock_timestamp() + todo_backoff(attempt) END
-               AS retry_at
-    FROM todos
+    -- include: retry_at
     WHERE state = 'claimed' AND lease_expires_at < now()
     ORDER BY lease_expires_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 ), reaped AS (
     UPDATE todos t
-    SET state = CASE WHEN e.retry_at IS NULL THEN 'failed' ELSE 'pending' END::todo_state,
-        next_retry_at = e.retry_at, ready_at = coalesce(e.retry_at, t.ready_at),
-        completed_at = CASE WHEN e.retry_at IS NULL THEN clock_timestamp() END,
-        owner = CASE WHEN e.retry_at IS NULL THEN t.owner END,
-        lease_expires_at = NULL, heartbeat_at = NULL,
-        last_error = 'lease expired (owner ' || t.owner || ')',
-        updated_at = clock_timestamp()
-    FROM expired e
-    WHERE t.id = ANY (ARRAY (SELECT id FROM expired)) AND t.id = e.id
+    SET last_error = 'lease expired (owner ' || t.owner || ')',
+        -- include: failure
+    FROM expired AS failing
+    WHERE t.id = ANY (ARRAY (SELECT id FROM expired)) AND t.id = failing.id
       AND t.state = 'claimed' AND t.lease_expires_at < now()
     RETURNING t.*
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
-                              event, queue, elapsed)
+    -- include: history_insert
     SELECT id, 'claimed', state, 'system', 'reaper', attempt, last_error,
            'reaped', queue, extract(epoch FROM updated_at - claimed_at) FROM reaped
 )
 SELECT * FROM reaped;
 
 -- name: watch
--- Someone waits for todo :id to finish (dashboard/web/waits.py): mark it watched while it
+-- Someone waits for todo :id to finish (dashboard/agents.py): mark it watched while it
 -- is pending or claimed, so that the store hints it by id when a transition finishes it
 -- (0011_waits.sql). Not a move of the todo: no history row, updated_at unchanged. A todo
 -- already watched is not written again (fifty waiters, one mark). :scope as above.
@@ -399,36 +275,23 @@ WITH due AS (
     WHERE t.id = ANY (ARRAY (SELECT id FROM due)) AND t.state = 'pending'
     RETURNING t.*
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
-                              event, queue, elapsed)
+    -- include: history_insert
     SELECT id, 'pending', 'pending', 'system', 'reaper', attempt, 'retry due', 'retry_due', queue, NULL
     FROM promoted
 )
 SELECT count(*)::int AS promoted, coalesce(array_agg(DISTINCT queue), '{}') AS queues FROM promoted;
 
 -- name: retry
--- Operator (:actor_kind, :actor) retries dead-lettered todo :id: a fresh budget (attempt 0) unless
--- :one_more (one more attempt: max_attempts raised by one). Raises unique_violation when
--- a live todo already holds the key; the store turns that into a Conflict naming it.
--- A cancellation is cleared (its history row stays).
+-- Operator (:actor_kind, :actor) retries dead-lettered todo :id (fragment `retry`: a
+-- fresh budget unless :one_more). Raises unique_violation when a live todo already holds
+-- the key; the store turns that into a Conflict naming it.
 WITH retried AS (
     UPDATE todos
-    SET state = 'pending', owner = NULL, completed_at = NULL, next_retry_at = NULL,
-        ready_at = clock_timestamp(), cancelled_at = NULL, cancelled_by_kind = NULL,
-        cancelled_by = NULL, cancel_reason = NULL,
-        attempt = CASE WHEN :one_more THEN attempt ELSE 0 END,
-        max_attempts = CASE WHEN :one_more THEN attempt + 1 ELSE max_attempts END,
-        updated_at = clock_timestamp()
+    -- include: retry
     WHERE id = :id AND state = 'failed'
     RETURNING *
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
-                              event, queue, elapsed)
-    SELECT id, 'failed', 'pending', :actor_kind, :actor, attempt,
-           CASE WHEN :one_more THEN 'retried by operator: one more attempt'
-                ELSE 'retried by operator: fresh budget' END,
-           'retried', queue, NULL
-    FROM retried
+    -- include: retried_history
 )
 SELECT * FROM retried;
 
@@ -449,22 +312,11 @@ WITH candidates AS (
     ORDER BY d.queue, coalesce(d.idempotency_key, d.id), d.completed_at DESC
 ), retried AS (
     UPDATE todos
-    SET state = 'pending', owner = NULL, completed_at = NULL, next_retry_at = NULL,
-        ready_at = clock_timestamp(), cancelled_at = NULL, cancelled_by_kind = NULL,
-        cancelled_by = NULL, cancel_reason = NULL,
-        attempt = CASE WHEN :one_more THEN attempt ELSE 0 END,
-        max_attempts = CASE WHEN :one_more THEN attempt + 1 ELSE max_attempts END,
-        updated_at = clock_timestamp()
+    -- include: retry
     WHERE id = ANY (ARRAY (SELECT id FROM candidates)) AND state::text = 'failed'
     RETURNING *
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
-                              event, queue, elapsed)
-    SELECT id, 'failed', 'pending', :actor_kind, :actor, attempt,
-           CASE WHEN :one_more THEN 'retried by operator: one more attempt'
-                ELSE 'retried by operator: fresh budget' END,
-           'retried', queue, NULL
-    FROM retried
+    -- include: retried_history
 )
 SELECT * FROM retried;
 
@@ -474,13 +326,11 @@ WITH released AS (
     SELECT id, owner FROM todos WHERE id = :id AND state = 'claimed' FOR UPDATE
 ), updated AS (
     UPDATE todos t
-    SET state = 'pending', owner = NULL, lease_expires_at = NULL, heartbeat_at = NULL,
-        ready_at = clock_timestamp(), updated_at = clock_timestamp()
+    -- include: lease_returned
     FROM released WHERE t.id = released.id
     RETURNING t.*
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
-                              event, queue, elapsed)
+    -- include: history_insert
     SELECT u.id, 'claimed', 'pending', :actor_kind, :actor, u.attempt,
            'lease force-released (was held by ' || r.owner || ')',
            'force_released', u.queue, extract(epoch FROM u.updated_at - u.claimed_at)
@@ -535,8 +385,7 @@ WITH held AS (
     WHERE t.id = h.id
     RETURNING t.*, h.state AS was
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
-                              event, queue, elapsed)
+    -- include: history_insert
     SELECT id, was, 'failed', :actor_kind, :actor, attempt,
            'cancelled' || coalesce(': ' || :reason, ''),
            'cancelled', queue, CASE WHEN was = 'claimed' THEN extract(epoch FROM completed_at - claimed_at) END
@@ -554,8 +403,7 @@ WITH due AS (
       AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
     RETURNING *
 ), logged AS (
-    INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
-                              event, queue, elapsed)
+    -- include: history_insert
     SELECT id, 'pending', 'pending', :actor_kind, :actor, attempt, 'run now', 'run_now', queue, NULL FROM due
 )
 SELECT * FROM due;
