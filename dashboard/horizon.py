@@ -12,7 +12,7 @@ them slows, until the holder ends. The operator must be told which one it is.
 from __future__ import annotations
 
 import asyncio
-import os
+import logging
 import time
 from collections.abc import Callable
 
@@ -21,12 +21,7 @@ import msgspec
 
 from dashboard.queries import READS as SQL
 
-DEFAULT_WARN_AFTER = 60.0  # seconds; SWITCHBOARD_HORIZON_WARN_SECONDS
-
-
-def warn_after() -> float:
-    """SWITCHBOARD_HORIZON_WARN_SECONDS: warn once the oldest holder is this old."""
-    return float(os.environ.get("SWITCHBOARD_HORIZON_WARN_SECONDS", DEFAULT_WARN_AFTER))
+log = logging.getLogger("switchboard.reaper")
 
 
 class Holder(msgspec.Struct, kw_only=True):
@@ -70,19 +65,21 @@ class Horizon(msgspec.Struct, kw_only=True):
 class HorizonWatch:
     """Reads what holds the horizon, at most once per `max_age` seconds, shared by every
     caller of one process (the overview refreshes every few seconds per open page). A slot
-    has no clock of its own: its age counts from when this watch first saw its xmin."""
+    has no clock of its own: its age counts from when this watch first saw its xmin. The
+    horizon is held back once the oldest holder is `warn` seconds old
+    (SWITCHBOARD_HORIZON_WARN_SECONDS)."""
 
     def __init__(
         self,
         db: asyncpg.Pool | asyncpg.Connection,
         *,
+        warn: float,
         max_age: float = 1.0,
-        warn: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.db = db
         self.max_age = max_age
-        self.warn_after = warn_after() if warn is None else warn
+        self.warn_after = warn
         self._clock = clock
         self._lock = asyncio.Lock()
         self._slots_seen: dict[tuple[str, str], float] = {}  # (slot, xmin) → first seen
@@ -121,3 +118,31 @@ class HorizonWatch:
         self._slots_seen = seen
         oldest = max(holders, key=lambda h: h.age, default=None)
         return Horizon(oldest=oldest, dead_tuples=dead, warn_after=self.warn_after)
+
+
+class HorizonLog:
+    """The reaper's job that logs when vacuum starts being held back past the threshold,
+    again every REPEAT_EVERY while it lasts, and when it ends. Each process logs its own:
+    it only reads."""
+
+    REPEAT_EVERY = 300.0
+
+    def __init__(self, watch: HorizonWatch):
+        self.watch = watch
+        self._warned_at: float | None = None
+
+    async def check(self, now: float) -> None:
+        horizon = await self.watch.get()
+        if horizon.held_back:
+            if self._warned_at is None or now - self._warned_at >= self.REPEAT_EVERY:
+                dead = ", ".join(f"{n:,} in {t}" for t, n in horizon.dead_tuples.items()) or "unknown"
+                log.warning(
+                    "vacuum is held back for %.0f s by %s; dead row versions: %s",
+                    horizon.oldest.age,
+                    horizon.oldest.describe(),
+                    dead,
+                )
+                self._warned_at = now
+        elif self._warned_at is not None:
+            log.warning("vacuum is no longer held back")
+            self._warned_at = None

@@ -1,4 +1,5 @@
-"""Numbered migrations from sql/migrations, applied in order under an advisory lock.
+"""Numbered migrations from sql/migrations, applied in order under an advisory lock, and
+`open_database`: the pool a process starts with, its database migrated.
 
 Each file runs in its own transaction and is recorded with its checksum; a file whose
 checksum no longer matches what was applied stops start-up, naming the file.
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import asyncpg
 
+from dashboard.config import Settings
+from dashboard.db import Database, create_pool, release_embedded, resolve_dsn
 from dashboard.errors import MigrationError
 from dashboard.queries import MIGRATIONS as SQL
 
@@ -74,3 +77,25 @@ async def apply_migrations(conn: asyncpg.Connection, directory: Path = MIGRATION
     finally:
         await SQL.unlock.execute(conn, key=ADVISORY_LOCK_KEY)
     return applied_now
+
+
+async def open_database(
+    settings: Settings, *, migrate: bool = True, max_size: int = 10, create: bool = False
+) -> Database:
+    """Resolve the server from `settings` (`create`: see resolve_dsn), open the pool and
+    (by default) apply migrations."""
+    dsn, server = resolve_dsn(settings, create=create)
+    try:
+        pool = await create_pool(dsn, max_size=max_size)
+    except BaseException:
+        release_embedded(server)
+        raise
+    db = Database(dsn=dsn, pool=pool, server=server)
+    if migrate:
+        try:
+            async with pool.acquire() as conn:
+                db.migrated = await apply_migrations(conn)
+        except BaseException:
+            await db.close()
+            raise
+    return db

@@ -20,7 +20,6 @@ rolled from history when one comes back, CHUNK ids per transaction.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from datetime import datetime
 
@@ -42,18 +41,6 @@ MAX_WAIT_SECONDS = 600.0  # a transaction writing longer than this does not hold
 CHUNK = 500_000  # history ids per transaction (a gap is rolled in several)
 SAMPLE_KEEP_SECONDS = 600.0  # queues sampled this recently get a zero when they empty
 SAMPLE_SHARE = 0.02  # backlog samples take at most this share of the job's time
-DEFAULT_MINUTE_HOURS = 48.0
-DEFAULT_HOUR_DAYS = 90.0
-
-
-def minute_retention_seconds() -> float:
-    """SWITCHBOARD_ROLLUP_MINUTE_HOURS: minute rows are kept this long (charts up to 24 h)."""
-    return float(os.environ.get("SWITCHBOARD_ROLLUP_MINUTE_HOURS", DEFAULT_MINUTE_HOURS)) * 3600
-
-
-def hour_retention_seconds() -> float:
-    """SWITCHBOARD_ROLLUP_HOUR_DAYS: hour rows are kept this long (the 7-day chart)."""
-    return float(os.environ.get("SWITCHBOARD_ROLLUP_HOUR_DAYS", DEFAULT_HOUR_DAYS)) * 86400
 
 
 def next_sample_in(took: float, every: float) -> float:
@@ -124,12 +111,13 @@ class Rollups:
                 await SQL.sample_backlog.execute(conn, keep_seconds=SAMPLE_KEEP_SECONDS)
         return time.monotonic() - started
 
-    async def prune(self) -> None:
+    async def prune(self, minute_seconds: float, hour_seconds: float) -> None:
+        """Delete minute rows older than `minute_seconds` (charts reach 24 h back) and hour
+        rows older than `hour_seconds` (the 7-day chart): SWITCHBOARD_ROLLUP_MINUTE_HOURS
+        and SWITCHBOARD_ROLLUP_HOUR_DAYS."""
         async with transaction(self.db) as conn:
             if await SQL.lock.fetchval(conn):
-                await SQL.prune.execute(
-                    conn, minute_seconds=minute_retention_seconds(), hour_seconds=hour_retention_seconds()
-                )
+                await SQL.prune.execute(conn, minute_seconds=minute_seconds, hour_seconds=hour_seconds)
 
     @staticmethod
     async def _roll(conn: asyncpg.Connection, after_id: int, upto_id: int) -> None:

@@ -23,9 +23,7 @@ async def test_each_request_logs_its_method_route_template_status_and_duration(c
     assert re.fullmatch(r"POST /api/v1/todos 201 \d+\.\dms", lines[1]), lines
 
 
-async def test_with_the_json_format_each_line_is_a_json_object(monkeypatch, caplog):
-    monkeypatch.setenv("SWITCHBOARD_LOG_FORMAT", "json")
-
+async def test_with_the_json_format_each_line_is_a_json_object(caplog):
     async def teapot(scope, receive, send):
         await send({"type": "http.response.start", "status": 418, "headers": []})
         await send({"type": "http.response.body", "body": b""})
@@ -34,7 +32,8 @@ async def test_with_the_json_format_each_line_is_a_json_object(monkeypatch, capl
         pass
 
     with caplog.at_level(logging.INFO, logger="switchboard.access"):
-        await access_log(teapot)({"type": "http", "method": "GET", "path_template": "/tea"}, None, ignore)
+        logged = access_log(as_json=True)(teapot)
+        await logged({"type": "http", "method": "GET", "path_template": "/tea"}, None, ignore)
     line = json.loads(caplog.records[-1].getMessage())
     assert line["method"] == "GET" and line["route"] == "/tea" and line["status"] == 418
     assert line["duration_ms"] >= 0

@@ -24,7 +24,7 @@ import pytest
 from dashboard import db as dbmod
 from dashboard.claim_cursor import MAX_FULL_SCAN_EVERY
 from dashboard.errors import Conflict
-from dashboard.reaper import reap_once
+from dashboard.lapsed import reap_once
 from dashboard.store import Store
 from tests.factories import new_todo
 

@@ -17,8 +17,9 @@ import contextlib
 import pytest
 
 from dashboard import db as dbmod
+from dashboard.config import Settings
 from dashboard.errors import Conflict, DatabaseUnavailable
-from dashboard.migrate import apply_migrations
+from dashboard.migrate import apply_migrations, open_database
 from dashboard.store import Store
 from tests.conftest import build_app, connected, in_process
 from tests.factories import assert_new_token, enqueue, expire_lease, make_retry_due, todo_row
@@ -63,7 +64,7 @@ async def replicated(monkeypatch, primary_settings: dict[str, str] | None = None
     try:
         await cluster.start(migrate)
         monkeypatch.setenv("DATABASE_URL", cluster.dsn())
-        db = await dbmod.open_database(max_size=4)
+        db = await open_database(Settings.from_environ(), max_size=4)
         try:
             yield cluster, db
         finally:
@@ -88,7 +89,7 @@ async def test_after_a_failover_the_lost_primarys_leases_are_refused_and_the_app
 
 async def _fail_over_under_the_app(cluster: Cluster, pool) -> None:
     store = Store(pool)
-    app = await build_app(dbmod.resolve_dsn()[0], pool, reaper=False)
+    app = await build_app(dbmod.resolve_dsn(Settings.from_environ())[0], pool, reaper=False)
     async with in_process(app) as client:
         assert (await client.get("/readyz")).status_code == 200
         same, other, late = [await enqueue(store, title=t) for t in ("same", "other", "late")]

@@ -13,8 +13,9 @@ import time
 import httpx
 
 from dashboard.accounts import SCRYPT, Accounts
+from dashboard.config import BadSetting, Settings
 from dashboard.errors import Conflict
-from dashboard.web.app import ConfigError, load_config
+from dashboard.web.app import load_config
 from dashboard.web.csrf import EXEMPT
 from dashboard.web.limits import LOGINS_AT_ONCE, PER_ADDRESS
 from tests.conftest import in_process
@@ -288,11 +289,9 @@ async def test_the_secret_key_comes_from_the_environment_and_the_old_one_still_v
 
     database = dbmod.Database(dsn=dsn, pool=pool)
     old, new = "o" * 40, "n" * 40
-    config_old = await load_config(database, {"SWITCHBOARD_SECRET_KEY": old})
-    config_rotated = await load_config(
-        database, {"SWITCHBOARD_SECRET_KEY": new, "SWITCHBOARD_SECRET_KEY_OLD": old}
-    )
-    config_new_only = await load_config(database, {"SWITCHBOARD_SECRET_KEY": new})
+    config_old = await load_config(database, Settings(secret_key=old))
+    config_rotated = await load_config(database, Settings(secret_key=new, secret_key_old=old))
+    config_new_only = await load_config(database, Settings(secret_key=new))
     assert config_rotated.csrf_keys == (config_new_only.csrf_keys[0], config_old.csrf_keys[0])
     async with in_process(create_app(dsn, config_old, reaper=False)) as client:
         csrf = await login(client, pool)
@@ -303,8 +302,8 @@ async def test_the_secret_key_comes_from_the_environment_and_the_old_one_still_v
             assert (await post(client, "/logout", csrf)).status_code == accepted
     for env in ({"SWITCHBOARD_SECRET_KEY": "short"}, {"SWITCHBOARD_PUBLIC_URL": "queue.example.com"}):
         try:
-            await load_config(database, env)
-        except ConfigError as exc:
+            Settings.from_environ(env)
+        except BadSetting as exc:
             assert next(iter(env)) in str(exc)
         else:
             raise AssertionError(f"{env} was accepted")

@@ -10,8 +10,7 @@ from contextlib import asynccontextmanager
 import asyncpg
 
 from dashboard import db as dbmod
-from dashboard.horizon import HorizonWatch
-from dashboard.reaper import HorizonLog
+from dashboard.horizon import HorizonLog, HorizonWatch
 from tests.factories import enqueue
 
 THRESHOLD = 0.5  # seconds

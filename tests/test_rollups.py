@@ -9,6 +9,7 @@ from collections import Counter
 import pytest
 
 from dashboard import rollups as rollups_module
+from dashboard.config import Settings
 from dashboard.control import Control
 from dashboard.errors import Conflict
 from dashboard.models import Actor
@@ -295,17 +296,17 @@ async def test_backlog_samples_and_zero_when_emptied(conn):
     assert (row["ready"], row["scheduled"]) == (0, 0)
 
 
-async def test_rows_past_retention_are_pruned(conn, monkeypatch):
+async def test_rows_past_retention_are_pruned(conn):
     await conn.execute(
         "INSERT INTO queue_rollups (grain, queue, at) VALUES"
         " ('minute', 'old', now() - interval '3 days'), ('minute', 'new', now() - interval '1 hour'),"
         " ('hour', 'old', now() - interval '100 days'), ('hour', 'new', now() - interval '10 days')"
     )
-    await Rollups(conn).prune()
+    kept = Settings()  # the defaults: minute rows 48 hours, hour rows 90 days
+    await Rollups(conn).prune(kept.rollup_minute_hours * 3600, kept.rollup_hour_days * 86400)
     rows = await conn.fetch("SELECT grain, queue FROM queue_rollups ORDER BY 1, 2")
     assert [(r["grain"], r["queue"]) for r in rows] == [("hour", "new"), ("minute", "new")]
-    monkeypatch.setenv("SWITCHBOARD_ROLLUP_MINUTE_HOURS", "0.5")
-    await Rollups(conn).prune()
+    await Rollups(conn).prune(0.5 * 3600, kept.rollup_hour_days * 86400)
     assert await conn.fetchval("SELECT count(*) FROM queue_rollups WHERE grain = 'minute'") == 0
 
 

@@ -24,8 +24,9 @@ import httpx
 import pytest
 import uvicorn
 
+from dashboard.config import Settings
 from dashboard.store import Store
-from dashboard.web.server import Limits, uvicorn_config
+from dashboard.web.server import uvicorn_config
 from tests.conftest import ROOT, connected, scratch_database
 from tests.factories import agent_token, enqueue, unique
 from tests.processes import eventually, free_port, start_serving, stop
@@ -221,7 +222,7 @@ async def client_address(scope, receive, send) -> None:
 
 
 @contextlib.asynccontextmanager
-async def uvicorn_as_configured(limits: Limits):
+async def uvicorn_as_configured(limits: Settings):
     """`client_address` under uvicorn as `switchboard serve` configures it; its base URL."""
     port = free_port()
     server = uvicorn.Server(uvicorn_config(client_address, "127.0.0.1", port, limits))
@@ -243,7 +244,7 @@ async def uvicorn_as_configured(limits: Limits):
 async def test_x_forwarded_for_counts_only_from_a_trusted_proxy(monkeypatch, trusted, seen):
     monkeypatch.setenv("SWITCHBOARD_TRUSTED_PROXIES", trusted)
     async with (
-        uvicorn_as_configured(Limits.from_environ()) as base,
+        uvicorn_as_configured(Settings.from_environ()) as base,
         httpx.AsyncClient(base_url=base, timeout=5) as http,
     ):
         response = await http.get("/", headers={"X-Forwarded-For": "203.0.113.9"})
@@ -320,8 +321,8 @@ def test_more_connections_than_the_hard_open_file_limit_allows_is_a_usage_error(
 
 
 FITTED = (
-    "import resource; from dashboard.web.server import Limits, fit_file_limit;"
-    "print(fit_file_limit(Limits()).max_connections, resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
+    "import resource; from dashboard.config import Settings; from dashboard.web.server import fit_file_limit;"
+    "print(fit_file_limit(Settings()).max_connections, resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
 )
 
 

@@ -8,12 +8,16 @@ The module's tests share one database, emptied before each test (fresh_module_db
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from datetime import timedelta
 
 from dashboard import db as dbmod
-from dashboard.reaper import reap_once
+from dashboard.config import Settings
+from dashboard.lapsed import reap_once
+from dashboard.reaper import run_reaper
+from dashboard.rollups import Rollups
 from dashboard.store import Store
 from tests.conftest import ONE_DATABASE_PER_MODULE
 from tests.factories import (
@@ -188,3 +192,26 @@ async def test_switchboard_reap_reaps_until_sigterm_then_exits_cleanly(
         status = stop(reaper)
     assert status == 0, log.read_text()
     assert "reaper stopped" in log.read_text()
+
+
+async def test_a_job_that_fails_is_logged_and_the_other_jobs_go_on(
+    module_store, module_pool, monkeypatch, caplog
+):
+    async def broken(self) -> int:
+        raise RuntimeError("rollups are broken")
+
+    monkeypatch.setattr(Rollups, "roll", broken)
+    held = await claimed(module_store)
+    await expire_lease(module_pool, held.id)
+    stop = asyncio.Event()
+    with caplog.at_level(logging.INFO, logger="switchboard.reaper"):
+        reaper = asyncio.create_task(run_reaper(module_store, Settings(), interval=0.05, stop=stop))
+        try:
+            await eventually(
+                lambda: todo_row(module_pool, held.id), lambda t: t.state == "pending", within=10
+            )
+        finally:
+            stop.set()
+            await reaper
+    failed = [r for r in caplog.records if r.getMessage() == "reaper job rollups failed"]
+    assert failed and failed[0].exc_info[1].args == ("rollups are broken",)

@@ -25,10 +25,10 @@ import httpx
 import pytest
 
 from dashboard.accounts import Accounts
+from dashboard.config import Settings
 from dashboard.errors import InvalidInput
 from dashboard.store import Store
-from dashboard.web.app import load_config
-from dashboard.web.long_requests import PER_CREDENTIAL, SETTING
+from dashboard.web.long_requests import SETTING
 from tests.conftest import ROOT, connected, scratch_database
 from tests.factories import enqueue, new_todo, unique
 from tests.processes import eventually
@@ -416,10 +416,9 @@ async def test_a_pages_events_whose_browser_went_free_the_sessions_place(servers
 # -- the setting ----------------------------------------------------------------------------------
 
 
-async def test_the_bound_is_100_unless_set_and_a_bad_setting_is_refused_naming_it():
-    key = {"SWITCHBOARD_SECRET_KEY": "k" * 32}
-    assert (await load_config(None, key)).long_requests_per_credential == PER_CREDENTIAL == 100
-    assert (await load_config(None, {**key, SETTING: "7"})).long_requests_per_credential == 7
+def test_the_bound_is_100_unless_set_and_a_bad_setting_is_refused_naming_it():
+    assert Settings.from_environ({}).max_waits_per_token == 100
+    assert Settings.from_environ({SETTING: "7"}).max_waits_per_token == 7
     for bad in ("0", "-1", "ten", "1.5"):
         with pytest.raises(InvalidInput, match=SETTING):
-            await load_config(None, {**key, SETTING: bad})
+            Settings.from_environ({SETTING: bad})

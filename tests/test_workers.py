@@ -24,7 +24,7 @@ import pytest
 
 from dashboard.accounts import Accounts
 from dashboard.agent_worker import GRACE as COMMAND_GRACE
-from dashboard.reaper import reap_once
+from dashboard.lapsed import reap_once
 from dashboard.store import Store
 from tests.conftest import ROOT
 from tests.factories import Step, enqueue, history, make_retry_due, todo_row, unique

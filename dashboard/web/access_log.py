@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
+from collections.abc import Callable
 
 from litestar.exceptions import HTTPException
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
@@ -18,9 +18,12 @@ from dashboard import metrics
 log = logging.getLogger("switchboard.access")
 
 
-def access_log(app: ASGIApp) -> ASGIApp:
-    as_json = os.environ.get("SWITCHBOARD_LOG_FORMAT", "text").lower() == "json"
+def access_log(as_json: bool) -> Callable[[ASGIApp], ASGIApp]:
+    """The middleware, writing JSON lines when `as_json`."""
+    return lambda app: _logged(app, as_json)
 
+
+def _logged(app: ASGIApp, as_json: bool) -> ASGIApp:
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await app(scope, receive, send)

@@ -17,24 +17,22 @@ N web processes admit N times as many.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
 from litestar.types import ASGIApp, Receive, Scope, Send
 
-from dashboard.errors import InvalidInput
 from dashboard.notify import session_key
 from dashboard.web.slots import Slots
 
-SETTING = "SWITCHBOARD_MAX_WAITS_PER_TOKEN"
-PER_CREDENTIAL = 100
+SETTING = "SWITCHBOARD_MAX_WAITS_PER_TOKEN"  # Settings.max_waits_per_token (dashboard/config.py)
 HELD = "switchboard.long_requests"  # the ASGI scope key of the slots held until the response ends
 
 Credential = tuple[str, str]  # ("token", its id) or ("session", its session_key)
 
 
 class LongRequests:
-    def __init__(self, per_credential: int = PER_CREDENTIAL):
+    def __init__(self, per_credential: int):
         self.per_credential = per_credential
         self._slots = Slots(per_credential)
 
@@ -85,17 +83,3 @@ def release_held(app: ASGIApp) -> ASGIApp:
                 held.close()
 
     return middleware
-
-
-def per_credential(environ: Mapping[str, str]) -> int:
-    """SWITCHBOARD_MAX_WAITS_PER_TOKEN, a whole number above 0 (PER_CREDENTIAL if unset)."""
-    raw = environ.get(SETTING, "").strip()
-    if not raw:
-        return PER_CREDENTIAL
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise InvalidInput(SETTING, f"{raw!r} is not a whole number above 0")
-    return value

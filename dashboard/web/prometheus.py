@@ -3,13 +3,12 @@
 SWITCHBOARD_METRICS_TOKEN=<secret> asks for `Authorization: Bearer <secret>`;
 SWITCHBOARD_METRICS=open serves anyone (for a private network); with neither, /metrics
 answers 404 saying how to turn it on. With both, the token is asked for. Both are read
-when the app is made, as SWITCHBOARD_LOG_FORMAT is.
+when the app is made (dashboard/config.py).
 """
 
 from __future__ import annotations
 
 import hmac
-import os
 
 from litestar import Request, Response, get
 from litestar.di import NamedDependency
@@ -17,6 +16,7 @@ from litestar.handlers import HTTPRouteHandler
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 
 from dashboard import metrics
+from dashboard.config import Settings
 from dashboard.errors import DatabaseUnavailable
 from dashboard.horizon import HorizonWatch
 from dashboard.web.errors import problem
@@ -28,9 +28,9 @@ OFF = (
 )
 
 
-def metrics_route() -> HTTPRouteHandler:
-    token = os.environ.get("SWITCHBOARD_METRICS_TOKEN", "").strip().encode()
-    is_open = not token and os.environ.get("SWITCHBOARD_METRICS", "").lower() == "open"
+def metrics_route(settings: Settings) -> HTTPRouteHandler:
+    token = (settings.metrics_token or "").encode()
+    is_open = not token and settings.metrics == "open"
 
     @get("/metrics", include_in_schema=False, skip_session=True)
     async def scrape(

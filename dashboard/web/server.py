@@ -5,8 +5,8 @@ accepting, the hub ends every open SSE stream and waiting long-poll (which answe
 the lifespan stops the reaper and closes the pool, and the embedded PostgreSQL stops when
 this process was its last user. Each step is bounded, so the whole stop takes seconds.
 
-Limits, read from the environment before anything else starts (a bad value is a usage
-error): SWITCHBOARD_MAX_CONNECTIONS open connections at most (one more is answered 503;
+Limits, from the settings read before anything else starts (dashboard/config.py):
+SWITCHBOARD_MAX_CONNECTIONS open connections at most (one more is answered 503;
 every SSE stream and waiting long-poll claim holds one), SWITCHBOARD_HEADER_TIMEOUT
 seconds for a request head to arrive (dashboard/web/slow_clients.py), SWITCHBOARD_KEEPALIVE
 seconds of quiet on a keep-alive connection. X-Forwarded-For and -Proto are believed only
@@ -17,23 +17,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
-import math
-import os
 import resource
 import signal
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import uvicorn
 import uvloop
 
 from dashboard import logs
 from dashboard.accounts import Accounts
-from dashboard.db import open_database
-from dashboard.errors import InvalidInput
+from dashboard.config import BadSetting, Settings
 from dashboard.instances import recorded
+from dashboard.migrate import open_database
 from dashboard.web.app import create_app, load_config
 from dashboard.web.slow_clients import header_timeout_protocol
 
@@ -45,75 +41,11 @@ SPARE_FILES = 64
 log = logging.getLogger("switchboard.server")
 
 
-@dataclass(frozen=True)
-class Limits:
-    max_connections: int = 1000
-    header_timeout: float = 10.0
-    keepalive: float = 5.0
-    trusted_proxies: tuple[str, ...] = ("127.0.0.1", "::1")  # uvicorn's own default
-    max_connections_given: bool = False  # set in the environment, not the default
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str] = os.environ) -> Limits:
-        default = cls()
-        connections = _positive(environ, "SWITCHBOARD_MAX_CONNECTIONS", int, "a whole number of connections")
-        header = _positive(environ, "SWITCHBOARD_HEADER_TIMEOUT", float, "a number of seconds")
-        keepalive = _positive(environ, "SWITCHBOARD_KEEPALIVE", float, "a number of seconds")
-        proxies = environ.get("SWITCHBOARD_TRUSTED_PROXIES", "").strip()
-        return cls(
-            max_connections=default.max_connections if connections is None else int(connections),
-            header_timeout=default.header_timeout if header is None else header,
-            keepalive=default.keepalive if keepalive is None else keepalive,
-            trusted_proxies=_trusted_proxies(proxies) if proxies else default.trusted_proxies,
-            max_connections_given=connections is not None,
-        )
-
-
-def _positive(environ: Mapping[str, str], name: str, kind: type, what: str) -> float | None:
-    """The variable `name` as a `kind` above 0, None if unset or blank."""
-    raw = environ.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        value = kind(raw)
-    except ValueError:
-        raise InvalidInput(name, f"{raw!r} is not {what}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise InvalidInput(name, f"{raw!r}: must be above 0")
-    return value
-
-
-def _trusted_proxies(raw: str) -> tuple[str, ...]:
-    """Comma-separated addresses and networks (CIDR). uvicorn would take a mistyped entry for
-    a literal that never matches, so it is refused here instead. So is trusting every
-    address ("*", 0.0.0.0/0, ::/0, or networks that together cover one of those): any
-    client could then name its own address in X-Forwarded-For and so escape the
-    per-address limits (dashboard/web/limits.py)."""
-    name = "SWITCHBOARD_TRUSTED_PROXIES"
-    entries = tuple(entry.strip() for entry in raw.split(",") if entry.strip())
-    if "*" in entries:
-        raise InvalidInput(name, "'*' would let any client choose its own address: name your proxies")
-    networks = []
-    for entry in entries:
-        try:
-            networks.append(ipaddress.ip_network(entry))
-        except ValueError as exc:
-            raise InvalidInput(name, f"{entry!r} is not an IP address or network ({exc})") from None
-    for version in (4, 6):
-        for covered in ipaddress.collapse_addresses(n for n in networks if n.version == version):
-            if covered.prefixlen == 0:
-                raise InvalidInput(
-                    name,
-                    f"{raw.strip()!r} covers every IPv{version} address: any client could choose its own",
-                )
-    return entries
-
-
-def fit_file_limit(limits: Limits) -> Limits:
+def fit_file_limit(settings: Settings) -> Settings:
     """Raise this process's soft limit on open files (RLIMIT_NOFILE) toward its hard limit so
     that `max_connections` fit. If they cannot: a usage error when the number was asked for,
     else the most that fit, with a warning."""
-    needed = limits.max_connections + SPARE_FILES
+    needed = settings.max_connections + SPARE_FILES
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < needed:
         target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
@@ -125,30 +57,30 @@ def fit_file_limit(limits: Limits) -> Limits:
             log.info("raised the open-file limit (ulimit -n) from %d to %d", soft, target)
             soft = target
     if soft == resource.RLIM_INFINITY or soft >= needed:
-        return limits
+        return settings
     fits = soft - SPARE_FILES
-    if limits.max_connections_given or fits < 1:
-        raise InvalidInput(
+    if "SWITCHBOARD_MAX_CONNECTIONS" in settings.given or fits < 1:
+        raise BadSetting(
             "SWITCHBOARD_MAX_CONNECTIONS",
-            f"{limits.max_connections} connections need about {needed} open files, and this process "
+            f"{settings.max_connections} connections need about {needed} open files, and this process "
             f"may open {soft} (ulimit -Hn is {hard}): ask for at most {max(fits, 0)}, or raise the limit",
         )
     log.warning("open files are limited to %d (ulimit -Hn): serving at most %d connections", soft, fits)
-    return replace(limits, max_connections=fits)
+    return replace(settings, max_connections=fits)
 
 
-def uvicorn_config(app, host: str, port: int, limits: Limits) -> uvicorn.Config:
+def uvicorn_config(app, host: str, port: int, settings: Settings) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         host=host,
         port=port,
-        http=header_timeout_protocol(limits.header_timeout),
+        http=header_timeout_protocol(settings.header_timeout),
         # uvicorn answers 503 once its open connections, this one included, reach the
         # limit: one more than max_connections lets exactly that many be served.
-        limit_concurrency=limits.max_connections + 1,
-        timeout_keep_alive=limits.keepalive,  # type: ignore[arg-type]  # call_later takes a float
+        limit_concurrency=settings.max_connections + 1,
+        timeout_keep_alive=settings.keepalive,  # type: ignore[arg-type]  # call_later takes a float
         proxy_headers=True,
-        forwarded_allow_ips=list(limits.trusted_proxies),
+        forwarded_allow_ips=list(settings.trusted_proxies),
         timeout_graceful_shutdown=GRACE,
         log_level="info",
         access_log=False,
@@ -190,25 +122,27 @@ class Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-async def _run(host: str, port: int, newcomer: bool, limits: Limits) -> None:
+async def _run(host: str, port: int, newcomer: bool, settings: Settings) -> None:
     # migrations, the first operator, the secrets; without DATABASE_URL the embedded database,
     # created if there is none (dashboard/instances.py)
-    db = await open_database(max_size=2, create=True)
+    db = await open_database(settings, max_size=2, create=True)
     try:
         if newcomer:
             await _first_operator(db)
-        app = create_app(db.dsn, await load_config(db))
+        app = create_app(db.dsn, await load_config(db, settings))
         await db.pool.close()  # the app opens its own; the embedded server stays up until close()
-        config = uvicorn_config(app, host, port, limits)
+        config = uvicorn_config(app, host, port, settings)
         # After uvicorn's logging set-up, which closes every handler there was.
         logs.write_in_background()  # a line per request, written off the event loop
         log.info(
             "at most %d connections; a request head must arrive within %gs; keep-alive %gs",
-            limits.max_connections,
-            limits.header_timeout,
-            limits.keepalive,
+            settings.max_connections,
+            settings.header_timeout,
+            settings.keepalive,
         )
-        log.info("X-Forwarded-For and X-Forwarded-Proto trusted from: %s", ", ".join(limits.trusted_proxies))
+        log.info(
+            "X-Forwarded-For and X-Forwarded-Proto trusted from: %s", ", ".join(settings.trusted_proxies)
+        )
         shown = "localhost" if host in ("127.0.0.1", "0.0.0.0", "::") else host
         url = f"http://{shown}:{port}/"
         where = f"embedded PostgreSQL, data in {db.server.pgdata}" if db.server else "DATABASE_URL"
@@ -240,10 +174,11 @@ async def _first_operator(db) -> None:
     print("(shown once; add more with: switchboard operator add NAME --role viewer|operator)")
 
 
-def serve(host: str, port: int, *, newcomer: bool) -> int:
+def serve(host: str, port: int, settings: Settings, *, newcomer: bool) -> int:
     logging.getLogger("switchboard").setLevel(logging.INFO)
-    limits = fit_file_limit(Limits.from_environ())  # a bad setting stops here, before the database
+    # Too many connections for the open files to hold stops here, before the database.
+    settings = fit_file_limit(settings)
     # uvloop: a third less event-loop time per API request than asyncio's own loop. uvicorn
     # would pick it itself, but only when it makes the loop; here serve() runs inside ours.
-    uvloop.run(_run(host, port, newcomer, limits))
+    uvloop.run(_run(host, port, newcomer, settings))
     return 0
