@@ -14,9 +14,9 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
+from dashboard.durations import duration
 from dashboard.errors import InvalidInput
 from dashboard.rollups import SQL, percentile
-from dashboard.web.templating import duration
 
 
 @dataclass(frozen=True)

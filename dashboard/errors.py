@@ -33,6 +33,10 @@ class OutOfScope(SwitchboardError):
     """The todo is in a queue the caller's API token does not cover."""
 
 
+class Revoked(SwitchboardError):
+    """The caller's token was revoked while its call waited (a long-poll claim, a wait)."""
+
+
 class NotAllowed(SwitchboardError):
     """The caller may see the todo but not do this to it (an agent reassigning a todo held
     for a person)."""

@@ -2,7 +2,7 @@
 assistant), relayed to a switchboard server's /mcp with the agent's token.
 
 A relay rather than a second server: the tools, their schemas and their rules stay on the
-server (dashboard/mcp_server.py), and the agent's machine holds a URL and a token, never
+server (dashboard/web/mcp.py), and the agent's machine holds a URL and a token, never
 database credentials. Every tool list and call goes through the SDK's own client and comes
 back as the server answered it.
 
@@ -29,10 +29,11 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, CallToolRequestParams, CallToolResult, ListToolsResult, TextContent
 
 from dashboard.errors import SwitchboardError
-from dashboard.mcp_server import PATH
 from dashboard.models import MAX_WAIT
 
 log = logging.getLogger("switchboard.mcp")
+
+PATH = "/mcp"  # where a web process serves the tools (dashboard/web/mcp.py), and the relay calls
 
 # The longest call (a claim or wait_for that waits MAX_WAIT) answers within this, with room.
 TIMEOUT = httpx2.Timeout(30.0, read=MAX_WAIT + 30.0)

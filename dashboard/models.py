@@ -26,6 +26,7 @@ MAX_ERROR = 8000
 DEFAULT_MAX_ATTEMPTS = 5
 MAX_LEASE = 2**63 - 1  # lease tokens are bigint
 MAX_WAIT = 60.0  # seconds a long-poll claim may wait
+MAX_HTTP_BATCH = 100  # todos per claim with `max`, acks per POST /acks (and `worker --batch`)
 PRIORITY_MIN, PRIORITY_MAX = -10, 10  # 0008_queue_control.sql's CHECK
 MAX_DELAY = 366 * 24 * 3600.0  # seconds ahead a todo may be scheduled (run_at or delay)
 MAX_REASON = 1000  # a pause's or a cancellation's reason

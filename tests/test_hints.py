@@ -19,9 +19,9 @@ import time
 import pytest
 
 from dashboard import db as dbmod
+from dashboard.agents import POLL_FALLBACK, POLL_JITTER
 from dashboard.notify import Hub
 from dashboard.store import Store
-from dashboard.web.live import POLL_FALLBACK, POLL_JITTER
 from dashboard.worker import Worker
 from tests.conftest import ROOT
 from tests.factories import agent_token, enqueue, new_todo, unique

@@ -1,4 +1,4 @@
-"""The MCP tools (dashboard/mcp_server.py) through the SDK's own client, over both
+"""The MCP tools (dashboard/web/mcp.py) through the SDK's own client, over both
 transports, against a real `switchboard serve` (the session's live server) on a real
 database: streamable HTTP at /mcp, and stdio through `switchboard mcp` (a subprocess)
 relaying to it. No language model: scripted agents call the tools as one would.

@@ -24,8 +24,8 @@ import pytest
 
 from dashboard import db as dbmod
 from dashboard.accounts import Accounts
+from dashboard.agents import POLL_FALLBACK, POLL_JITTER
 from dashboard.notify import APPLICATION_NAME, listen_connection
-from dashboard.web.live import POLL_FALLBACK, POLL_JITTER
 from tests.conftest import connected
 from tests.processes import eventually, free_port, spawn, start_serving, stop
 from tests.test_hints import waiting_claim

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dashboard.web.templating import duration
+from dashboard.durations import duration
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Waiting for a result: GET /api/v1/todos/{id}?wait=S (dashboard/web/waits.py), against
+"""Waiting for a result: GET /api/v1/todos/{id}?wait=S (dashboard/agents.py), against
 the real app and a real database, the completer another request, another Store or
 another process.
 
@@ -19,13 +19,14 @@ import pytest
 import pytest_asyncio
 import uvicorn
 
+from dashboard import agents
 from dashboard import db as dbmod
 from dashboard.accounts import Accounts
+from dashboard.config import Settings
 from dashboard.control import Control
 from dashboard.models import Ack, Actor, NewTodo, Scope
 from dashboard.store import Store
-from dashboard.web import waits
-from dashboard.web.server import Limits, uvicorn_config
+from dashboard.web.server import uvicorn_config
 from tests.conftest import ONE_DATABASE_PER_MODULE, build_app
 from tests.factories import agent_token, expire_lease, make_retry_due
 from tests.processes import eventually, free_port, start_serving, stop
@@ -42,7 +43,7 @@ async def app(module_dsn, module_pool):
     on this event loop: waits run concurrently, and the test can see the app's hub."""
     app = await build_app(module_dsn, module_pool, reaper=False)
     port = free_port()
-    server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", port, Limits.from_environ()))
+    server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", port, Settings.from_environ()))
     running = asyncio.create_task(server.serve())
 
     async def up() -> bool:
@@ -71,7 +72,7 @@ async def bot(module_pool) -> dict:
 @pytest.fixture
 def hints_only(monkeypatch):
     """No poll fallback within a test's time: only a hint can end a wait early."""
-    monkeypatch.setattr(waits, "WAIT_POLL", 60.0)
+    monkeypatch.setattr(agents, "WAIT_POLL", 60.0)
 
 
 class Recorder:
@@ -191,7 +192,7 @@ async def test_a_todo_dead_lettered_by_another_store_without_a_hub_wakes_the_wai
 
 
 async def test_a_retryable_failure_does_not_end_the_wait(app, api, module_pool, bot, monkeypatch):
-    monkeypatch.setattr(waits, "WAIT_POLL", 0.02)  # the waiter reads the todo again and again
+    monkeypatch.setattr(agents, "WAIT_POLL", 0.02)  # the waiter reads the todo again and again
     todo = await claim(api, bot, (await create(api, bot, max_attempts=3))["id"])
     task = waiter(api, bot, todo["id"])
     await waiting(app, module_pool, todo["id"])
@@ -246,7 +247,7 @@ async def test_a_missed_hint_costs_one_poll(app, api, module_pool, bot):
     deaf = Recorder()
     await Store(module_pool, hints=deaf).complete(todo["id"], "bot", todo["lease"], {"late": True})
     assert deaf.todos == [todo["id"]]  # the hint that never went out
-    body = await answered(task, within=waits.WAIT_POLL * 1.2 + 1)
+    body = await answered(task, within=agents.WAIT_POLL * 1.2 + 1)
     assert body["todo"]["result"] == {"late": True}
 
 

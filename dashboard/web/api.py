@@ -20,7 +20,17 @@ from litestar.response import ServerSentEvent
 from litestar.status_codes import HTTP_200_OK, HTTP_201_CREATED, HTTP_204_NO_CONTENT
 
 from dashboard.errors import InvalidInput
-from dashboard.models import MAX_WAIT, Ack, Actor, NewTodo, QueuePause, Todo, TodoEdit, check_queues
+from dashboard.models import (
+    MAX_HTTP_BATCH,
+    MAX_WAIT,
+    Ack,
+    Actor,
+    NewTodo,
+    QueuePause,
+    Todo,
+    TodoEdit,
+    check_queues,
+)
 from dashboard.payload_search import check_payload
 from dashboard.reads import (
     CHANGES_BYTES_SHOWN,
@@ -33,12 +43,11 @@ from dashboard.reads import (
 )
 from dashboard.web.auth import Caller, require_agent
 from dashboard.web.errors import problem_of
-from dashboard.web.live import channel_stream, claim_waiting
+from dashboard.web.live import channel_stream
 from dashboard.web.long_requests import long_requests, of_token, release_held
 from dashboard.web.presence import Presence, watching
 from dashboard.web.schemas import (
     BAD_INPUT,
-    MAX_HTTP_BATCH,
     ON_EDIT,
     ON_QUEUE,
     ON_TODO,
@@ -64,8 +73,6 @@ from dashboard.web.schemas import (
     TodoOut,
     TodoPage,
 )
-from dashboard.web.searches import SEARCHES
-from dashboard.web.waits import wait_for_todo
 
 
 @post(
@@ -114,19 +121,9 @@ async def claim_next(
     n = 1 if data.max is None else data.max
     if isinstance(n, bool) or not 1 <= n <= MAX_HTTP_BATCH:
         raise InvalidInput("max", f"must be a whole number from 1 to {MAX_HTTP_BATCH}")
-    known, agent = caller.services, caller.agent
     async with _long(request, caller, waits=data.wait != 0) as presence:
-        todos = await claim_waiting(
-            known.store,
-            known.hub,
-            known.accounts,
-            data.queues,
-            agent.name,
-            data.ttl,
-            data.wait,
-            agent.scope,
-            n,
-            presence=presence,
+        todos = await caller.services.agents.claim_waiting(
+            caller.agent, data.queues, data.ttl, data.wait, n, presence=presence
         )
     if data.max is not None:
         return Response(ClaimedOut(todos=[TodoOut.of(t) for t in todos]), status_code=HTTP_200_OK)
@@ -286,7 +283,7 @@ async def get_todo(
 ) -> Response[TodoDetailOut]:
     seconds = _seconds(wait)
     async with _long(request, caller, waits=seconds != 0) as presence:
-        detail = await wait_for_todo(caller.services, todo_id, seconds, caller.scope, presence=presence)
+        detail = await caller.services.agents.wait_for(caller.agent, todo_id, seconds, presence=presence)
     return _tagged(TodoDetailOut.of(detail), detail.todo)
 
 
@@ -347,11 +344,8 @@ async def list_todos(
     limit: Annotated[int, Parameter(ge=1, le=MAX_PAGE)] = 50,
     after: Annotated[str | None, Parameter(description="the `next` of the previous page")] = None,
 ) -> TodoPage:
-    if queue:
-        caller.scope.check([queue])
     filters = TodoFilter(
         queue=queue,
-        queues=None if queue else caller.scope.queues,
         state=state_filter,
         assignee=assignee,
         owner=owner,
@@ -359,9 +353,8 @@ async def list_todos(
         search=search,
         payload=None if payload is None else check_payload(payload),
     )
-    with SEARCHES.slot(f"agent:{caller.name}", filters):
-        result = await caller.services.reads.list_todos(filters, limit=limit, after=after)
-    return TodoPage(items=[TodoOut.of(t) for t in result.items], next=result.next_cursor)
+    page = await caller.services.agents.list_todos(caller.agent, filters, limit=limit, after=after)
+    return TodoPage.of(page)
 
 
 @get(

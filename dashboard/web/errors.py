@@ -23,6 +23,7 @@ from dashboard.errors import (
     NotAllowed,
     NotFound,
     OutOfScope,
+    Revoked,
     SwitchboardError,
     TooLarge,
 )
@@ -35,6 +36,7 @@ RETRY_AFTER = 2  # seconds, on a 503 for a database that is away or read-only
 
 _STATUS = [
     (NotFound, 404),
+    (Revoked, 401),
     (OutOfScope, 403),
     (NotAllowed, 403),
     (Conflict, 409),
@@ -174,7 +176,7 @@ def handle(request: Request, exc: Exception) -> Response:
         headers.update(exc.headers)
     if isinstance(exc, DatabaseUnavailable):
         headers["Retry-After"] = str(RETRY_AFTER)
-    if isinstance(exc, NotAuthorizedException) and request.url.path.startswith("/api/"):
+    if isinstance(exc, NotAuthorizedException | Revoked) and request.url.path.startswith("/api/"):
         headers["WWW-Authenticate"] = 'Bearer realm="switchboard"'
     if wants_json(request):
         return problem(status, detail, headers, **extra)

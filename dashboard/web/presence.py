@@ -1,10 +1,10 @@
-"""Whether the client of a long request is still there: a waiting claim or a wait for a
-result ends when its client disconnects, instead of claiming for nobody.
+"""Whether the client of a long API request is still there: a waiting claim or a wait for
+a result ends when its client disconnects, instead of claiming for nobody.
 
 uvicorn's ASGI `receive`, once the request body has been read, blocks until the client
 disconnects and then answers `http.disconnect` (Litestar does not cancel the handler
-then). `watching` reads it in a task for as long as the handler waits; `Presence.gone`
-says what it found, and a subscription handed to `wakes` ends its wait at once.
+then). `watching` reads it in a task for as long as the handler waits, and tells the
+`Presence` (dashboard/agents.py) the waiting use-case was handed.
 """
 
 from __future__ import annotations
@@ -15,22 +15,7 @@ from collections.abc import AsyncIterator
 
 from litestar.types import Receive
 
-from dashboard.notify import Subscription
-
-
-class Presence:
-    def __init__(self) -> None:
-        self.gone = False
-        self._waits: list[Subscription] = []
-
-    def wakes(self, sub: Subscription) -> None:
-        """End `sub`'s waits when the client goes."""
-        self._waits.append(sub)
-
-    def left(self) -> None:
-        self.gone = True
-        for sub in self._waits:
-            sub.wake()
+from dashboard.agents import Presence
 
 
 @contextlib.asynccontextmanager

@@ -14,6 +14,7 @@ import msgspec
 from litestar.openapi.datastructures import ResponseSpec
 
 from dashboard.models import (
+    MAX_HTTP_BATCH,
     MAX_LEASE,
     MAX_REASON,
     MAX_WAIT,
@@ -24,7 +25,7 @@ from dashboard.models import (
     NewTodo,
     Todo,
 )
-from dashboard.reads import Event, HistoryEntry, TodoDetail
+from dashboard.reads import Event, HistoryEntry, Page, TodoDetail
 from dashboard.web.errors import PROBLEM
 
 
@@ -113,7 +114,6 @@ class BatchOut(msgspec.Struct):
     results: list[CreatedOut]
 
 
-MAX_HTTP_BATCH = 100  # todos per claim with `max`, acks per POST /acks
 BatchSize = Annotated[int, _documented("how many todos to claim at most", minimum=1, maximum=MAX_HTTP_BATCH)]
 
 
@@ -230,6 +230,10 @@ class TodoDetailOut(msgspec.Struct):
 class TodoPage(msgspec.Struct):
     items: list[TodoOut]
     next: str | None
+
+    @classmethod
+    def of(cls, page: Page) -> TodoPage:
+        return cls(items=[TodoOut.of(t) for t in page.items], next=page.next_cursor)
 
 
 Reason = Annotated[

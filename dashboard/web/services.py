@@ -7,16 +7,19 @@ which Litestar does not inject, reach them with `services(connection)`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from litestar.connection import ASGIConnection
 
 from dashboard.accounts import Accounts
+from dashboard.agents import Agents
 from dashboard.control import Control
 from dashboard.horizon import HorizonWatch
 from dashboard.notify import Hub
 from dashboard.reads import Reads
 from dashboard.store import Store
 from dashboard.web.limits import Limits
+from dashboard.web.searches import SEARCHES
 from dashboard.web.stats_cache import StatsCache
 from dashboard.web.token_cache import TokenCache
 
@@ -33,6 +36,11 @@ class Services:
     tokens: TokenCache
     limits: Limits = field(default_factory=Limits)
     has_operators: bool = False  # remembered once true: operators are never all removed at run time
+
+    @cached_property
+    def agents(self) -> Agents:
+        """The agents' use-cases (dashboard/agents.py), for the API and the MCP tools."""
+        return Agents(self.store, self.reads, self.accounts, self.hub, SEARCHES)
 
 
 def services(connection: ASGIConnection) -> Services:

@@ -1,4 +1,5 @@
-"""Jinja filters: times as people read them, JSON pretty-printed (autoescaped as text)."""
+"""Jinja filters: times as people read them (dashboard/durations.py), JSON pretty-printed
+(autoescaped as text)."""
 
 from __future__ import annotations
 
@@ -8,37 +9,8 @@ from datetime import UTC, datetime
 from litestar.plugins.jinja import JinjaTemplateEngine
 from markupsafe import Markup
 
+from dashboard.durations import ago, duration
 from dashboard.models import SURROGATES
-
-EMPTY = "—"  # the one mark for "nothing here", on every page
-
-
-def ago(value: datetime | None, now: datetime | None = None) -> str:
-    """'3s ago', 'in 2m' — relative to now; under a second, 'just now' or 'in under a second'."""
-    if value is None:
-        return EMPTY
-    seconds = ((now or datetime.now(UTC)) - value).total_seconds()
-    if abs(seconds) < 1:
-        return "just now" if seconds >= 0 else "in under a second"
-    text = duration(abs(seconds))
-    return f"{text} ago" if seconds >= 0 else f"in {text}"
-
-
-def duration(seconds: float | None) -> str:
-    """Whole seconds and up ('3s', '2m 5s', '4h'): an operator reads no milliseconds."""
-    if seconds is None:
-        return EMPTY
-    s = abs(seconds)
-    if s < 1:
-        return "<1s"
-    s = round(s)  # whole seconds first: 599.97 s is "10m 0s", not "9m 60s"
-    if s < 60:
-        return f"{s:.0f}s"
-    if s < 3600:
-        return f"{s // 60:.0f}m {s % 60:.0f}s" if s < 600 else f"{s // 60:.0f}m"
-    if s < 86400:
-        return f"{s // 3600:.0f}h {s % 3600 // 60:.0f}m" if s < 36000 else f"{s // 3600:.0f}h"
-    return f"{s // 86400:.0f}d"
 
 
 def pretty_json(value) -> str:

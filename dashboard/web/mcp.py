@@ -1,8 +1,9 @@
 """The MCP server (DESIGN.md, "MCP"): the agent's verbs as MCP tools, for agents driven by a
 language model.
 
-Each tool makes the call the Agent API's handler makes (dashboard/web/api.py), on the same
-store and reads, as the bearer token's agent within its queues: the rules live there, once.
+Each tool makes the call the Agent API's handler makes (dashboard/web/api.py): the same
+store call, or the same use-case (dashboard/agents.py), as the bearer token's agent within
+its queues: the rules live there, once.
 Inputs and outputs are msgspec structs, their JSON schemas derived by msgspec as the API's
 OpenAPI is (the outputs are the API's own response bodies, web/schemas.py); a refused call
 is a tool error (isError) carrying the API's problem details.
@@ -37,15 +38,15 @@ from mcp_types import (
     ToolAnnotations,
 )
 
+from dashboard.agents import Presence, finished, token_check
 from dashboard.errors import Cancelled, Conflict, DatabaseUnavailable, InvalidInput
-from dashboard.mcp_requests import McpRequest
-from dashboard.models import FINISHED, MAX_WAIT, TTL_MAX, TTL_MIN, Actor, NewTodo
+from dashboard.mcp_proxy import PATH
+from dashboard.models import MAX_WAIT, TTL_MAX, TTL_MIN, Actor, NewTodo
 from dashboard.reads import LIST_STATES, MAX_PAGE, TodoFilter
 from dashboard.web.auth import Caller, require_agent
 from dashboard.web.errors import problem_of
-from dashboard.web.live import claim_waiting, token_check
 from dashboard.web.long_requests import LongRequests, long_requests, of_token
-from dashboard.web.presence import Presence
+from dashboard.web.mcp_requests import McpRequest
 from dashboard.web.schemas import (
     CreatedOut,
     FailOut,
@@ -54,12 +55,9 @@ from dashboard.web.schemas import (
     TodoOut,
     TodoPage,
 )
-from dashboard.web.searches import SEARCHES
-from dashboard.web.waits import wait_for_todo
 
 log = logging.getLogger("switchboard.mcp")
 
-PATH = "/mcp"
 CALLER = "switchboard.caller"  # the ASGI scope key the endpoint leaves the authenticated caller under
 
 INSTRUCTIONS = """\
@@ -222,11 +220,8 @@ class McpCaller(Caller):
 
 
 async def list_todos(caller: Caller, a: ListArgs) -> TodoPage:
-    if a.queue:
-        caller.scope.check([a.queue])
     filters = TodoFilter(
         queue=a.queue,
-        queues=None if a.queue else caller.scope.queues,
         state=a.state,
         assignee=a.assignee,
         owner=a.owner,
@@ -234,9 +229,8 @@ async def list_todos(caller: Caller, a: ListArgs) -> TodoPage:
         search=a.search,
         payload=a.payload,
     )
-    with SEARCHES.slot(f"agent:{caller.name}", filters):
-        page = await caller.services.reads.list_todos(filters, limit=a.limit, after=a.cursor)
-    return TodoPage(items=[TodoOut.of(t) for t in page.items], next=page.next_cursor)
+    page = await caller.services.agents.list_todos(caller.agent, filters, limit=a.limit, after=a.cursor)
+    return TodoPage.of(page)
 
 
 async def claim(caller: McpCaller, a: ClaimArgs) -> ClaimOut:
@@ -246,18 +240,9 @@ async def claim(caller: McpCaller, a: ClaimArgs) -> ClaimOut:
         return ClaimOut(
             todo=TodoOut.of(await caller.store.claim(a.id, caller.name, a.ttl, scope=caller.scope))
         )
-    known = caller.services
     with caller.waiting(waits=a.wait != 0) as presence:
-        todos = await claim_waiting(
-            known.store,
-            known.hub,
-            known.accounts,
-            a.queues,
-            caller.name,
-            a.ttl,
-            a.wait,
-            caller.scope,
-            presence=presence,
+        todos = await caller.services.agents.claim_waiting(
+            caller.agent, a.queues, a.ttl, a.wait, presence=presence
         )
     return ClaimOut(todo=TodoOut.of(todos[0]) if todos else None)
 
@@ -290,8 +275,8 @@ async def get_todo(caller: Caller, a: TodoArgs) -> TodoDetailOut:
 
 async def wait_for(caller: McpCaller, a: WaitArgs) -> WaitOut:
     with caller.waiting(waits=a.wait != 0) as presence:
-        detail = await wait_for_todo(caller.services, a.id, a.wait, caller.scope, presence=presence)
-    return WaitOut(finished=detail.todo.state in FINISHED, todo=TodoOut.of(detail.todo))
+        detail = await caller.services.agents.wait_for(caller.agent, a.id, a.wait, presence=presence)
+    return WaitOut(finished=finished(detail.todo), todo=TodoOut.of(detail.todo))
 
 
 # -- what the model reads besides the JSON ----------------------------------------------------

@@ -10,7 +10,7 @@ So every authenticated request runs beside a hub subscription for its token. Whe
 token is revoked (in any process: the hub's revocation hint) or the process stops, an
 event stream under way is ended: the SDK's handling of it is cancelled and the response's
 body finished. A call being answered is not cut (it may have changed something): the
-waiting tools end themselves at a revocation (dashboard/web/live.py, waits.py). And
+waiting tools end themselves at a revocation (dashboard/agents.py). And
 `receive` is watched once the SDK has read the body, as the API's long requests are
 (dashboard/web/presence.py): the client's going reaches a waiting tool through its
 `Presence`, and the SDK's stream through the `http.disconnect` it listens for.
@@ -19,13 +19,12 @@ waiting tools end themselves at a revocation (dashboard/web/live.py, waits.py). 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
+from dashboard.agents import Presence, StillAllowed
 from dashboard.notify import Subscription
 from dashboard.web.live import KEEPALIVE
-from dashboard.web.presence import Presence
 
 EVENT_STREAM = b"text/event-stream"
 DISCONNECT: Message = {"type": "http.disconnect"}
@@ -41,7 +40,7 @@ class McpRequest:
         receive: Receive,
         send: Send,
         sub: Subscription,
-        still_allowed: Callable[[Subscription], Awaitable[bool]],
+        still_allowed: StillAllowed,
     ):
         self._receive, self._send = receive, send
         self._sub, self._still_allowed = sub, still_allowed
