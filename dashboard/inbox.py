@@ -1,6 +1,6 @@
 """A person's inbox (DESIGN.md "Inbox"): the todos an operator holds and those assigned to
 them, and how many wait. Reads only, without HTTP: the inbox's actions are the Store's own
-transitions, made in the operator's name (dashboard/web/inbox.py).
+transitions, made in the operator's name (dashboard/web/pages/inbox.py).
 
 An operator's name is also an owner and an assignee: agent and operator names share one
 namespace (DESIGN.md "Actors"), so "assigned to alice" names exactly one party.
@@ -8,30 +8,15 @@ namespace (DESIGN.md "Actors"), so "assigned to alice" names exactly one party.
 
 from __future__ import annotations
 
-import os
 from datetime import UTC, datetime
 
 import msgspec
 
-from dashboard.errors import InvalidInput
-from dashboard.models import TTL_MAX, TTL_MIN, Todo, check_ttl
+from dashboard.models import Todo
 from dashboard.queries import INBOX as SQL
 
 SHOWN = 100  # of each list: held, and waiting
 BADGE_LIMIT = 100  # the menu counts this far, then says "99+"
-DEFAULT_LEASE = 3600.0  # a person's claim: long enough to read, decide and write a note
-
-
-def lease_seconds() -> float:
-    """How long a claim from the inbox lasts (SWITCHBOARD_INBOX_LEASE, seconds); Extend
-    renews it for as long again."""
-    raw = os.environ.get("SWITCHBOARD_INBOX_LEASE", "").strip()
-    try:
-        return check_ttl(float(raw)) if raw else DEFAULT_LEASE
-    except (ValueError, InvalidInput):
-        raise InvalidInput(
-            "SWITCHBOARD_INBOX_LEASE", f"must be a number of seconds from {TTL_MIN} to {TTL_MAX}, not {raw!r}"
-        ) from None
 
 
 class Item(msgspec.Struct, kw_only=True):

@@ -15,17 +15,21 @@ import re
 import pytest
 
 from dashboard.accounts import Accounts
+from dashboard.config import Settings
 from dashboard.errors import InvalidInput
-from dashboard.inbox import DEFAULT_LEASE, inbox, lease_seconds, waiting_count
+from dashboard.inbox import inbox, waiting_count
 from dashboard.models import Actor, NewTodo
 from dashboard.queries import INBOX
 from dashboard.store import Store
-from dashboard.web.inbox import parse_result
+from dashboard.web.pages.inbox import parse_result
+from tests.conftest import build_app, in_process
 from tests.factories import expire_lease, history, login, make_retry_due, todo_row
 from tests.test_plans import explain, index_scans, offenders
 from tests.web_helpers import assert_fragment, flash_of, get_page, ids_in, post, text
 
 AGENT = Actor("agent", "refund-bot")
+
+DEFAULT_LEASE = Settings().inbox_lease  # SWITCHBOARD_INBOX_LEASE unset
 
 
 async def created_for(store: Store, assignee: str | None, title: str = "approve refund #42", **fields):
@@ -383,13 +387,15 @@ async def test_store_transitions_record_an_agent_unless_told_an_operator(store, 
         await store.claim(todo.id, "w1", 60, actor_kind="system")
 
 
-def test_the_inbox_lease_comes_from_the_environment(monkeypatch):
-    assert lease_seconds() == DEFAULT_LEASE
+async def test_a_claim_from_the_inbox_lasts_switchboard_inbox_lease(monkeypatch, dsn, pool, store):
     monkeypatch.setenv("SWITCHBOARD_INBOX_LEASE", "120")
-    assert lease_seconds() == 120
-    monkeypatch.setenv("SWITCHBOARD_INBOX_LEASE", "a day")
-    with pytest.raises(InvalidInput, match="SWITCHBOARD_INBOX_LEASE"):
-        lease_seconds()
+    async with in_process(await build_app(dsn, pool, reaper=False)) as client:
+        token = await login(client, pool, "alice")
+        todo = await created_for(store, "alice")
+        claimed = await post(client, f"/inbox/{todo.id}/claim", token, htmx=True)
+    row = await todo_row(pool, todo.id)
+    assert (row.lease_expires_at - row.heartbeat_at).total_seconds() == pytest.approx(120, abs=1)
+    assert "is yours for 2m 0s" in text(claimed)
 
 
 async def test_the_inbox_and_its_count_read_the_inbox_index_not_every_pending_todo(pool, store):

@@ -19,9 +19,9 @@ import msgspec
 import pytest
 import pytest_asyncio
 
+from dashboard.durations import ago, duration
 from dashboard.reads import QueueStats
-from dashboard.web.pages import TOTALS
-from dashboard.web.templating import ago, duration
+from dashboard.web.pages.overview import TOTALS
 from tests.conftest import ONE_DATABASE_PER_MODULE, build_app, in_process
 from tests.factories import (
     agent_token,

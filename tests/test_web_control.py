@@ -1,4 +1,4 @@
-"""Queue control on the dashboard (dashboard/web/control.py), through the real app on a fresh
+"""Queue control on the dashboard (dashboard/web/pages/), through the real app on a fresh
 database: pause and resume, cancel, run now, edit (and edit and retry), bulk actions on
 ticked rows and on everything a filter matches, the create form's new fields; refusals as
 inline errors with the values kept; viewers refused. Checked in the database afterwards."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 from dashboard.accounts import Accounts
+from dashboard.web import pages
 from tests.factories import (
     agent_token,
     claimed,
@@ -74,6 +75,19 @@ async def test_a_viewer_gets_403_for_every_action_and_nothing_changes(client_wit
             assert_no_stack_trace(response)
 
     assert await snapshot(pool) == before
+
+
+async def test_every_form_action_of_every_page_is_refused_to_a_viewer(client, pool):
+    """Whatever page a POST belongs to, it needs an operator: the guard is the pages' own
+    router's (dashboard/web/pages/__init__.py), so an action added later has it too."""
+    token = await login(client, pool, "vera", "viewer")
+    actions = {path for h in pages.HANDLERS if "POST" in h.http_methods for path in h.paths}
+    assert len(actions) > 10
+    for path in sorted(actions):
+        url = re.sub(r"\{\w+:\w+\}", "x", path)
+        response = await post(client, url, token)
+        assert response.status_code == 403, url
+        assert "viewers can look but not change anything" in response.text
 
 
 async def test_a_viewer_sees_the_pages_without_any_action_buttons(client, pool, store):

@@ -6,9 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import os
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -29,30 +28,23 @@ from litestar.types.file_types import FileInfo
 from prometheus_client import disable_created_metrics
 
 from dashboard.accounts import Accounts
+from dashboard.config import Settings
 from dashboard.control import Control
 from dashboard.db import Database, create_pool
-from dashboard.errors import SwitchboardError
 from dashboard.horizon import HorizonWatch
-from dashboard.mcp_server import McpEndpoint
 from dashboard.notify import Hub
 from dashboard.reads import Reads
 from dashboard.reaper import run_reaper
 from dashboard.store import Store
-from dashboard.web import actions, api, control, health, inbox, login, pages, prometheus, templating
+from dashboard.web import api, health, login, pages, prometheus, templating
 from dashboard.web.access_log import access_log
 from dashboard.web.auth import require_login
 from dashboard.web.csrf import CSRFMiddleware
 from dashboard.web.docs import SwaggerUIPage
 from dashboard.web.errors import EXCEPTION_HANDLERS
 from dashboard.web.live import page_stream
-from dashboard.web.long_requests import (
-    PER_CREDENTIAL,
-    LongRequests,
-    long_requests,
-    of_session,
-    per_credential,
-    release_held,
-)
+from dashboard.web.long_requests import LongRequests, long_requests, of_session, release_held
+from dashboard.web.mcp import McpEndpoint
 from dashboard.web.services import Services, services
 from dashboard.web.sessions import is_https, save_flash
 from dashboard.web.stats_cache import StatsCache
@@ -60,7 +52,7 @@ from dashboard.web.token_cache import TokenCache
 
 PACKAGE = Path(str(files("dashboard")))  # templates/ and static/ ship inside it (pyproject.toml)
 MAX_BODY = 8 * 1024 * 1024  # a batch of todos; each payload is limited to 256 KiB on its own
-FORM_BODY = login.FORM_LIMIT  # the dashboard's forms, but /create (a payload: actions.py)
+FORM_BODY = login.FORM_LIMIT  # the dashboard's forms, but those with a payload (pages/common.py)
 HSTS = "max-age=31536000"
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -71,44 +63,26 @@ DOCS_PATH = "/api/v1/docs"
 
 @dataclass
 class WebConfig:
-    """The web app's settings: what every web process must agree on, the CSRF keys (current
-    first) and whether the public address is HTTPS (SWITCHBOARD_PUBLIC_URL); and the most
-    long requests a token or a session may have open at once in this process
-    (SWITCHBOARD_MAX_WAITS_PER_TOKEN)."""
+    """What every web process must agree on, the CSRF keys (current first), and the
+    settings (dashboard/config.py; the defaults unless given)."""
 
     csrf_keys: tuple[bytes, ...]
-    public_https: bool = False
-    long_requests_per_credential: int = PER_CREDENTIAL
+    settings: Settings = field(default_factory=Settings)
 
 
-class ConfigError(SwitchboardError):
-    """A setting in the environment that cannot be used (the command says so and stops)."""
-
-
-def _key(value: str, name: str) -> bytes:
-    if len(value) < 32:
-        example = "python -c 'import secrets; print(secrets.token_hex(32))'"
-        raise ConfigError(f"{name} must be at least 32 characters (make one: {example})")
+def _key(value: str) -> bytes:
     return hashlib.sha256(value.encode()).digest()
 
 
-async def load_config(db: Database, environ: Mapping[str, str] = os.environ) -> WebConfig:
-    """The CSRF key from SWITCHBOARD_SECRET_KEY, else one made once and kept in the database;
+async def load_config(db: Database, settings: Settings | None = None) -> WebConfig:
+    """`settings`, read from the environment when not given; the CSRF key from
+    SWITCHBOARD_SECRET_KEY, else one made once and kept in the database.
     SWITCHBOARD_SECRET_KEY_OLD is accepted too while forms made with it may still be open."""
-    public = environ.get("SWITCHBOARD_PUBLIC_URL", "")
-    if public and not public.startswith(("http://", "https://")):
-        raise ConfigError(f"SWITCHBOARD_PUBLIC_URL must start with https:// or http://, not {public!r}")
-    if environ.get("SWITCHBOARD_SECRET_KEY"):
-        keys = [_key(environ["SWITCHBOARD_SECRET_KEY"], "SWITCHBOARD_SECRET_KEY")]
-    else:
-        keys = [await Accounts(db.pool).secret("csrf", 32)]
-    if environ.get("SWITCHBOARD_SECRET_KEY_OLD"):
-        keys.append(_key(environ["SWITCHBOARD_SECRET_KEY_OLD"], "SWITCHBOARD_SECRET_KEY_OLD"))
-    return WebConfig(
-        csrf_keys=tuple(keys),
-        public_https=public.startswith("https://"),
-        long_requests_per_credential=per_credential(environ),
-    )
+    settings = settings or Settings.from_environ()
+    keys = [_key(settings.secret_key) if settings.secret_key else await Accounts(db.pool).secret("csrf", 32)]
+    if settings.secret_key_old:
+        keys.append(_key(settings.secret_key_old))
+    return WebConfig(csrf_keys=tuple(keys), settings=settings)
 
 
 async def security_headers(message: Message, scope: Scope) -> None:
@@ -161,6 +135,7 @@ DEPENDENCIES = {
 
 def create_app(dsn: str, config: WebConfig, *, reaper: bool = True, pool_size: int = 10) -> Litestar:
     disable_created_metrics()  # no `…_created` twin of every counter and histogram on /metrics
+    settings = config.settings
     mcp = McpEndpoint()  # /mcp: the agents' tools over MCP, with the API's bearer tokens
 
     @contextlib.asynccontextmanager
@@ -177,13 +152,13 @@ def create_app(dsn: str, config: WebConfig, *, reaper: bool = True, pool_size: i
             accounts=accounts,
             hub=hub,
             stats=StatsCache(reads, hub),
-            horizon=HorizonWatch(pool),
+            horizon=HorizonWatch(pool, warn=settings.horizon_warn_seconds),
             tokens=TokenCache(accounts, hub),
         )
         stop = asyncio.Event()
         services = app.state.services
         task = (
-            asyncio.create_task(run_reaper(services.store, horizon=services.horizon, stop=stop))
+            asyncio.create_task(run_reaper(services.store, settings, horizon=services.horizon, stop=stop))
             if reaper
             else None
         )
@@ -200,11 +175,11 @@ def create_app(dsn: str, config: WebConfig, *, reaper: bool = True, pool_size: i
     return Litestar(
         route_handlers=[
             *health.ROUTES,
-            prometheus.metrics_route(),
+            prometheus.metrics_route(settings),
             *login.ROUTES,
             Router(
                 "/",
-                route_handlers=[*pages.ROUTES, *actions.ROUTES, *control.ROUTES, *inbox.ROUTES, events],
+                route_handlers=[*pages.ROUTES, events],
                 before_request=require_login,
                 include_in_schema=False,
                 request_max_body_size=FORM_BODY,
@@ -222,8 +197,9 @@ def create_app(dsn: str, config: WebConfig, *, reaper: bool = True, pool_size: i
         state=State(
             {
                 "csrf_keys": config.csrf_keys,
-                "public_https": config.public_https,
-                "long_requests": LongRequests(config.long_requests_per_credential),
+                "settings": settings,
+                "public_https": (settings.public_url or "").startswith("https://"),
+                "long_requests": LongRequests(settings.max_waits_per_token),
             }
         ),
         dependencies=DEPENDENCIES,
@@ -232,7 +208,7 @@ def create_app(dsn: str, config: WebConfig, *, reaper: bool = True, pool_size: i
         ),
         plugins=[HTMXPlugin()],
         before_send=[security_headers, save_flash],
-        middleware=[access_log, CSRFMiddleware()],
+        middleware=[access_log(settings.log_format == "json"), CSRFMiddleware()],
         openapi_config=OpenAPIConfig(
             title="switchboard agent API",
             version="1",

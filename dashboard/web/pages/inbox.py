@@ -12,26 +12,27 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from litestar import Request, get, post
 from litestar.di import NamedDependency
+from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath
 from litestar.response import Redirect, Template
 
 from dashboard.accounts import NAME, Accounts
 from dashboard.control import Control
+from dashboard.durations import ago, duration
 from dashboard.errors import Conflict, InvalidInput, NotFound
-from dashboard.inbox import inbox, lease_seconds, waiting_count
+from dashboard.inbox import inbox, waiting_count
 from dashboard.models import Todo, TodoEdit
 from dashboard.reads import Reads
 from dashboard.store import Store
-from dashboard.web.actions import CREATE_FORM_LIMIT, actor
-from dashboard.web.auth import operators_only
 from dashboard.web.errors import status_of
-from dashboard.web.pages import takes
-from dashboard.web.responses import after_action, page, render
-from dashboard.web.templating import ago, duration, field_error, isolated
+from dashboard.web.pages.common import PAYLOAD_FORM_LIMIT, Fragment, actor
+from dashboard.web.responses import page, render
+from dashboard.web.templating import field_error, isolated
 
 KEPT = ("result", "reason", "assignee")  # what a person typed, kept when an action is refused
 FIELDS = {"error": "reason"}  # a Store field as the form names it
@@ -41,21 +42,27 @@ def _me(request: Request) -> str:
     return request.scope["operator"].name
 
 
+def _lease_length(request: Request) -> float:
+    """How long a claim from the inbox lasts (SWITCHBOARD_INBOX_LEASE); Extend renews it for
+    as long again."""
+    return request.app.state.settings.inbox_lease
+
+
 async def inbox_context(request: Request, reads: Reads, **extra: Any) -> dict:
     return {"inbox": await inbox(reads.db, _me(request)), "errors": {}, "kept": {}, **extra}
 
 
-@get("/inbox", **takes())
+@get("/inbox")
 async def inbox_page(request: Request, reads: NamedDependency[Reads]) -> Template:
-    return page(request, "inbox.html", lease=lease_seconds(), **await inbox_context(request, reads))
+    return page(request, "inbox.html", lease=_lease_length(request), **await inbox_context(request, reads))
 
 
-@get("/partials/inbox", **takes())
+@get("/partials/inbox")
 async def inbox_partial(request: Request, reads: NamedDependency[Reads]) -> Template:
     return render(request, "partials/inbox.html", badge=True, **await inbox_context(request, reads))
 
 
-@get("/partials/inbox/count", **takes())
+@get("/partials/inbox/count")
 async def inbox_count(request: Request, reads: NamedDependency[Reads]) -> Template:
     """The menu's badge: how many todos wait for this operator (one bounded count)."""
     return render(request, "partials/inbox_count.html", waiting=await waiting_count(reads.db, _me(request)))
@@ -126,95 +133,79 @@ async def _act(
             context = await inbox_context(request, reads, badge=True, notice=("error", error), **refused)
             return render(request, "partials/inbox.html", status=status, **context)
         context = await inbox_context(request, reads, **refused)
-        return page(request, "inbox.html", status=status, lease=lease_seconds(), **context)
-    return await after_action(
-        request,
-        message,
-        url="/inbox",
-        partial="partials/inbox.html",
-        context=lambda: inbox_context(request, reads, badge=True),
-    )
+        return page(request, "inbox.html", status=status, lease=_lease_length(request), **context)
+    inbox_list = Fragment("/inbox", "partials/inbox.html", lambda: inbox_context(request, reads, badge=True))
+    return await inbox_list.answer(request, message)
 
 
 def _named(todo: Todo) -> str:
     return f"“{isolated(todo.title)}”"  # an agent's title: its bidi controls stay inside
 
 
-def _whose(todo: Todo, request: Request) -> str:
+def _whose(todo: Todo, me: str) -> str:
     """Where a todo that went back to pending waits: an inbox, or its queue."""
     if todo.assignee is None:
         return f"queue {todo.queue}"
-    return "your inbox" if todo.assignee == _me(request) else f"{todo.assignee}'s inbox"
+    return "your inbox" if todo.assignee == me else f"{todo.assignee}'s inbox"
 
 
-@post("/inbox/{todo_id:str}/claim", guards=[operators_only])
-async def claim(
-    request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads], todo_id: FromPath[str]
-) -> Template | Redirect:
-    async def action(_form) -> str:
-        ttl = lease_seconds()
-        todo = await store.claim(todo_id, _me(request), ttl, actor_kind="operator")
-        return f"{_named(todo)} is yours for {duration(ttl)}: complete it, fail it or release it"
-
-    return await _act(request, reads, todo_id, action)
+# Each transition, made by the operator `me` from the inbox's form, says what it did; `ttl`
+# is the inbox's lease length, which a claim and an extend give.
 
 
-@post("/inbox/{todo_id:str}/extend", guards=[operators_only])
-async def extend(
-    request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads], todo_id: FromPath[str]
-) -> Template | Redirect:
-    async def action(form) -> str:
-        ttl = lease_seconds()
-        todo = await store.heartbeat(todo_id, _me(request), _lease(form), ttl, actor_kind="operator")
-        return f"{_named(todo)} is yours for {duration(ttl)} from now"
-
-    return await _act(request, reads, todo_id, action)
+async def _claim(store: Store, me: str, todo_id: str, _form, ttl: float) -> str:
+    todo = await store.claim(todo_id, me, ttl, actor_kind="operator")
+    return f"{_named(todo)} is yours for {duration(ttl)}: complete it, fail it or release it"
 
 
-@post("/inbox/{todo_id:str}/complete", guards=[operators_only], request_max_body_size=CREATE_FORM_LIMIT)
-async def complete(
-    request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads], todo_id: FromPath[str]
-) -> Template | Redirect:
-    async def action(form) -> str:
-        result = parse_result(form.get("result", ""))
-        todo = await store.complete(todo_id, _me(request), _lease(form), result, actor_kind="operator")
-        return f"{_named(todo)} is done"
-
-    return await _act(request, reads, todo_id, action)
+async def _extend(store: Store, me: str, todo_id: str, form, ttl: float) -> str:
+    todo = await store.heartbeat(todo_id, me, _lease(form), ttl, actor_kind="operator")
+    return f"{_named(todo)} is yours for {duration(ttl)} from now"
 
 
-@post("/inbox/{todo_id:str}/fail", guards=[operators_only])
-async def fail(
-    request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads], todo_id: FromPath[str]
-) -> Template | Redirect:
-    async def action(form) -> str:
-        reason = (form.get("reason") or "").strip()
-        todo = await store.fail(todo_id, _me(request), _lease(form), reason, actor_kind="operator")
-        if todo.state == "failed":
-            return (
-                f"{_named(todo)} is dead-lettered: that was its last attempt "
-                f"({todo.attempt} of {todo.max_attempts})"
-            )
+async def _complete(store: Store, me: str, todo_id: str, form, ttl: float) -> str:
+    result = parse_result(form.get("result", ""))
+    todo = await store.complete(todo_id, me, _lease(form), result, actor_kind="operator")
+    return f"{_named(todo)} is done"
+
+
+async def _fail(store: Store, me: str, todo_id: str, form, ttl: float) -> str:
+    reason = (form.get("reason") or "").strip()
+    todo = await store.fail(todo_id, me, _lease(form), reason, actor_kind="operator")
+    if todo.state == "failed":
         return (
-            f"{_named(todo)} failed (attempt {todo.attempt} of {todo.max_attempts}): "
-            f"it comes back to {_whose(todo, request)} {ago(todo.next_retry_at)}"
+            f"{_named(todo)} is dead-lettered: that was its last attempt "
+            f"({todo.attempt} of {todo.max_attempts})"
+        )
+    return (
+        f"{_named(todo)} failed (attempt {todo.attempt} of {todo.max_attempts}): "
+        f"it comes back to {_whose(todo, me)} {ago(todo.next_retry_at)}"
+    )
+
+
+async def _release(store: Store, me: str, todo_id: str, form, ttl: float) -> str:
+    todo = await store.release(todo_id, me, _lease(form), actor_kind="operator")
+    return f"{_named(todo)} released: it waits in {_whose(todo, me)} again"
+
+
+TRANSITIONS = {"claim": _claim, "extend": _extend, "complete": _complete, "fail": _fail, "release": _release}
+
+
+def _transition(verb: str, **options: Any) -> HTTPRouteHandler:
+    """POST /inbox/{todo_id}/<verb>: TRANSITIONS[verb], answered by _act."""
+    change = TRANSITIONS[verb]
+
+    async def handler(
+        request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads], todo_id: FromPath[str]
+    ) -> Template | Redirect:
+        return await _act(
+            request, reads, todo_id, partial(change, store, _me(request), todo_id, ttl=_lease_length(request))
         )
 
-    return await _act(request, reads, todo_id, action)
+    return post(f"/inbox/{{todo_id:str}}/{verb}", **options)(handler)
 
 
-@post("/inbox/{todo_id:str}/release", guards=[operators_only])
-async def release(
-    request: Request, store: NamedDependency[Store], reads: NamedDependency[Reads], todo_id: FromPath[str]
-) -> Template | Redirect:
-    async def action(form) -> str:
-        todo = await store.release(todo_id, _me(request), _lease(form), actor_kind="operator")
-        return f"{_named(todo)} released: it waits in {_whose(todo, request)} again"
-
-    return await _act(request, reads, todo_id, action)
-
-
-@post("/inbox/{todo_id:str}/reassign", guards=[operators_only])
+@post("/inbox/{todo_id:str}/reassign")
 async def reassign(
     request: Request,
     store: NamedDependency[Store],
@@ -238,4 +229,11 @@ async def reassign(
     return await _act(request, reads, todo_id, action)
 
 
-ROUTES = [inbox_page, inbox_partial, inbox_count, claim, extend, complete, fail, release, reassign]
+ROUTES = [
+    inbox_page,
+    inbox_partial,
+    inbox_count,
+    *(_transition(verb) for verb in ("claim", "extend", "fail", "release")),
+    _transition("complete", request_max_body_size=PAYLOAD_FORM_LIMIT),  # a result may be a payload's size
+    reassign,
+]
