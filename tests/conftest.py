@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -138,6 +139,21 @@ def scratch_database(server_dsn: str, template: str | None = None):
         yield url
     finally:
         run(drop_database(server_dsn, name))
+
+
+@contextlib.contextmanager
+def analyzed_database(server_dsn: str, template: str, fill: Callable[[asyncpg.Connection], Awaitable]):
+    """A scratch database filled by `fill(conn)`, then analyzed: a module's plan tests share
+    one, since filling it takes seconds."""
+
+    async def filled(url: str) -> None:
+        async with connected(url, asyncpg.connect) as conn:
+            await fill(conn)
+            await conn.execute("ANALYZE todos")
+
+    with scratch_database(server_dsn, template) as url:
+        run(filled(url))
+        yield url
 
 
 @pytest.fixture

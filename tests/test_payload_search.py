@@ -7,7 +7,6 @@ by hand and by a property test over random payloads and random searches.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from typing import Any
@@ -22,7 +21,7 @@ from dashboard.errors import InvalidInput
 from dashboard.payload_search import containments, parse_terms
 from dashboard.queries import READS
 from dashboard.reads import Reads, TodoFilter
-from tests.conftest import ONE_DATABASE_PER_MODULE, build_app, connected, in_process, scratch_database
+from tests.conftest import ONE_DATABASE_PER_MODULE, analyzed_database, build_app, connected, in_process
 from tests.factories import agent_token, enqueue, login, new_todo
 from tests.test_plans import explain, index_scans, offenders
 from tests.web_helpers import ids_in, text
@@ -388,31 +387,25 @@ async def test_payload_search_selects_exactly_what_containment_does(
 PLAN_TODOS = 200_000
 
 
-async def _fill_payloads(dsn: str) -> None:
+async def _fill_payloads(conn) -> None:
     """200,000 todos over 20 queues; 2,000 customers of 100 todos each, all in one queue;
     an order status in five (paid in one todo of five)."""
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(
-            """INSERT INTO todos (id, queue, title, created_at, ready_at, payload)
-               SELECT 'td_' || g, 'q' || lpad((g % 20)::text, 2, '0'), 'todo ' || g,
-                      now() - make_interval(secs => g), now() - make_interval(secs => g),
-                      jsonb_build_object(
-                          'customer', jsonb_build_object('id', g % 2000),
-                          'order', jsonb_build_object(
-                              'status', (ARRAY['paid', 'open', 'shipped', 'refunded', 'held'])[1 + g % 5]))
-               FROM generate_series(1, $1) AS g""",
-            PLAN_TODOS,
-        )
-        await conn.execute("ANALYZE todos")
-    finally:
-        await conn.close()
+    await conn.execute(
+        """INSERT INTO todos (id, queue, title, created_at, ready_at, payload)
+           SELECT 'td_' || g, 'q' || lpad((g % 20)::text, 2, '0'), 'todo ' || g,
+                  now() - make_interval(secs => g), now() - make_interval(secs => g),
+                  jsonb_build_object(
+                      'customer', jsonb_build_object('id', g % 2000),
+                      'order', jsonb_build_object(
+                          'status', (ARRAY['paid', 'open', 'shipped', 'refunded', 'held'])[1 + g % 5]))
+           FROM generate_series(1, $1) AS g""",
+        PLAN_TODOS,
+    )
 
 
 @pytest.fixture(scope="module")
 def payload_db(server_dsn, template_db):
-    with scratch_database(server_dsn, template_db) as url:
-        asyncio.run(_fill_payloads(url))
+    with analyzed_database(server_dsn, template_db, _fill_payloads) as url:
         yield url
 
 

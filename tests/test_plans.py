@@ -25,50 +25,41 @@ UPDATE against a Seq Scan of the whole table.
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import asyncpg
 import pytest
 
 from dashboard.queries import READS, TRANSITIONS, Statement
-from tests.conftest import connected, scratch_database
+from tests.conftest import analyzed_database, connected
 
 QUEUES = [f"q{i:02d}" for i in range(20)]
 SORTS = {"Sort", "Incremental Sort"}
 
 
-async def _fill(dsn: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(
-            """INSERT INTO todos (id, queue, title, created_at, ready_at, priority)
-               SELECT 'td_p' || g, 'q' || lpad((g % 20)::text, 2, '0'), 'pending ' || g,
-                      now() - make_interval(secs => g), now() - make_interval(secs => g), g % 3 - 1
-               FROM generate_series(1, 200000) AS g"""
-        )
-        await conn.execute(
-            "INSERT INTO queue_pauses (queue, actor_kind, actor) VALUES ('q01', 'operator', 'o')"
-        )
-        await conn.execute(
-            """INSERT INTO todos (id, queue, title, state, owner, attempt, lease_token,
-                                  claimed_at, lease_expires_at, created_at)
-               SELECT 'td_c' || g, 'q' || lpad((g % 20)::text, 2, '0'), 'claimed ' || g,
-                      'claimed', 'agent-' || (g % 50), 1, 1, now(),
-                      now() + make_interval(secs => (g % 1000) - 500),
-                      now() - make_interval(secs => 300000 + g)
-               FROM generate_series(1, 50000) AS g"""
-        )
-        await conn.execute("ANALYZE todos")
-    finally:
-        await conn.close()
+async def _fill(conn) -> None:
+    await conn.execute(
+        """INSERT INTO todos (id, queue, title, created_at, ready_at, priority)
+           SELECT 'td_p' || g, 'q' || lpad((g % 20)::text, 2, '0'), 'pending ' || g,
+                  now() - make_interval(secs => g), now() - make_interval(secs => g), g % 3 - 1
+           FROM generate_series(1, 200000) AS g"""
+    )
+    await conn.execute("INSERT INTO queue_pauses (queue, actor_kind, actor) VALUES ('q01', 'operator', 'o')")
+    await conn.execute(
+        """INSERT INTO todos (id, queue, title, state, owner, attempt, lease_token,
+                              claimed_at, lease_expires_at, created_at)
+           SELECT 'td_c' || g, 'q' || lpad((g % 20)::text, 2, '0'), 'claimed ' || g,
+                  'claimed', 'agent-' || (g % 50), 1, 1, now(),
+                  now() + make_interval(secs => (g % 1000) - 500),
+                  now() - make_interval(secs => 300000 + g)
+           FROM generate_series(1, 50000) AS g"""
+    )
 
 
 @pytest.fixture(scope="module")
 def big_db(server_dsn, template_db):
     """One database for the module: 250,000 todos, analyzed."""
-    with scratch_database(server_dsn, template_db) as url:
-        asyncio.run(_fill(url))
+    with analyzed_database(server_dsn, template_db, _fill) as url:
         yield url
 
 
@@ -79,18 +70,13 @@ async def big(big_db):
         yield conn
 
 
-async def _fill_backlog(dsn: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(
-            """INSERT INTO todos (id, queue, title, created_at, ready_at, priority)
-               SELECT 'td_p' || g, 'q' || lpad((g % 20)::text, 2, '0'), 'pending ' || g,
-                      now() - make_interval(secs => g), now() - make_interval(secs => g), g % 3 - 1
-               FROM generate_series(1, 200000) AS g"""
-        )
-        await conn.execute("ANALYZE todos")
-    finally:
-        await conn.close()
+async def _fill_backlog(conn) -> None:
+    await conn.execute(
+        """INSERT INTO todos (id, queue, title, created_at, ready_at, priority)
+           SELECT 'td_p' || g, 'q' || lpad((g % 20)::text, 2, '0'), 'pending ' || g,
+                  now() - make_interval(secs => g), now() - make_interval(secs => g), g % 3 - 1
+           FROM generate_series(1, 200000) AS g"""
+    )
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +84,7 @@ def backlog_db(server_dsn, template_db):
     """A fresh backlog: 200,000 pending todos at three priorities over 20 queues, nothing
     claimed yet, analyzed. Its statistics once led generic claim plans to read a whole
     priority level through a (queue, -priority, ready_at) index and sort it."""
-    with scratch_database(server_dsn, template_db) as url:
-        asyncio.run(_fill_backlog(url))
+    with analyzed_database(server_dsn, template_db, _fill_backlog) as url:
         yield url
 
 
@@ -109,36 +94,30 @@ async def backlog(backlog_db):
         yield conn
 
 
-async def _fill_quiet(dsn: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(
-            """INSERT INTO todos (id, queue, title, state, owner, attempt, completed_at, created_at)
-               SELECT 'td_d' || g, 'q' || lpad((g % 20)::text, 2, '0'), 'done ' || g, 'done',
-                      'agent-' || (g % 50), 1, now() - make_interval(secs => g),
-                      now() - make_interval(secs => g)
-               FROM generate_series(1, 100000) AS g"""
-        )
-        await conn.execute(
-            """INSERT INTO todos (id, queue, title, state, owner, attempt, lease_token, claimed_at,
-                                  lease_expires_at)
-               SELECT 'td_c' || g, 'q00', 'claimed ' || g, 'claimed', 'agent-1', 1, 1, now(),
-                      now() + interval '30 seconds'
-               FROM generate_series(1, 4) AS g"""
-        )
-        await conn.execute(
-            "INSERT INTO todos (id, queue, title)"
-            " SELECT 'td_p' || g, 'q00', 'pending' FROM generate_series(1, 4) g"
-        )
-        await conn.execute("ANALYZE todos")
-    finally:
-        await conn.close()
+async def _fill_quiet(conn) -> None:
+    await conn.execute(
+        """INSERT INTO todos (id, queue, title, state, owner, attempt, completed_at, created_at)
+           SELECT 'td_d' || g, 'q' || lpad((g % 20)::text, 2, '0'), 'done ' || g, 'done',
+                  'agent-' || (g % 50), 1, now() - make_interval(secs => g),
+                  now() - make_interval(secs => g)
+           FROM generate_series(1, 100000) AS g"""
+    )
+    await conn.execute(
+        """INSERT INTO todos (id, queue, title, state, owner, attempt, lease_token, claimed_at,
+                              lease_expires_at)
+           SELECT 'td_c' || g, 'q00', 'claimed ' || g, 'claimed', 'agent-1', 1, 1, now(),
+                  now() + interval '30 seconds'
+           FROM generate_series(1, 4) AS g"""
+    )
+    await conn.execute(
+        "INSERT INTO todos (id, queue, title)"
+        " SELECT 'td_p' || g, 'q00', 'pending' FROM generate_series(1, 4) g"
+    )
 
 
 @pytest.fixture(scope="module")
 def quiet_db(server_dsn, template_db):
-    with scratch_database(server_dsn, template_db) as url:
-        asyncio.run(_fill_quiet(url))
+    with analyzed_database(server_dsn, template_db, _fill_quiet) as url:
         yield url
 
 

@@ -44,10 +44,10 @@ from dashboard.reads import MAX_WORDS_SEARCH, SHORT_SEARCH, Reads, TodoFilter, T
 from dashboard.web.searches import PER_CALLER
 from tests.conftest import (
     ONE_DATABASE_PER_MODULE,
+    analyzed_database,
     build_app,
     connected,
     in_process,
-    scratch_database,
     with_database,
 )
 from tests.factories import agent_token, enqueue, login, new_todo, unique
@@ -90,28 +90,22 @@ QUEUE = "big"
 PACE = 0.5
 
 
-async def _fill(dsn: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(
-            """INSERT INTO todos (id, queue, title, created_at, ready_at, payload, idempotency_key)
-               SELECT 'td_big' || g, $2, 'todo ' || g || ' ' || md5(g::text),
-                      now() - make_interval(secs => g), now() - make_interval(secs => g),
-                      jsonb_build_object('customer', jsonb_build_object('id', g % 2000)),
-                      CASE WHEN g % 2 = 0 THEN 'key-' || g END
-               FROM generate_series(1, $1) AS g""",
-            BIG,
-            QUEUE,
-        )
-        await conn.execute("ANALYZE todos")
-    finally:
-        await conn.close()
+async def _fill(conn) -> None:
+    await conn.execute(
+        """INSERT INTO todos (id, queue, title, created_at, ready_at, payload, idempotency_key)
+           SELECT 'td_big' || g, $2, 'todo ' || g || ' ' || md5(g::text),
+                  now() - make_interval(secs => g), now() - make_interval(secs => g),
+                  jsonb_build_object('customer', jsonb_build_object('id', g % 2000)),
+                  CASE WHEN g % 2 = 0 THEN 'key-' || g END
+           FROM generate_series(1, $1) AS g""",
+        BIG,
+        QUEUE,
+    )
 
 
 @pytest.fixture(scope="module")
 def big_db(server_dsn, template_db):
-    with scratch_database(server_dsn, template_db) as url:
-        asyncio.run(_fill(url))
+    with analyzed_database(server_dsn, template_db, _fill) as url:
         yield url
 
 

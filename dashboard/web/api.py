@@ -6,9 +6,9 @@ it may use, which the store checks on every call. Every handler takes one depend
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated
+from typing import Annotated, Any
 
 from litestar import Request, Response, Router, get, patch, post
 from litestar.datastructures import ResponseHeader
@@ -174,50 +174,36 @@ async def acks(data: JSONBody[AcksIn], caller: NamedDependency[Caller]) -> AcksO
     return AcksOut(results=results)
 
 
-@post(
-    "/todos/{todo_id:str}/claim", status_code=HTTP_200_OK, summary="Claim one todo by id", responses=ON_TODO
-)
+def _on_todo(action: str, **options: Any) -> Callable:
+    """POST /todos/{todo_id}/<action>: a transition of one todo, answering it (200) or a problem."""
+    return post(f"/todos/{{todo_id:str}}/{action}", status_code=HTTP_200_OK, responses=ON_TODO, **options)
+
+
+@_on_todo("claim", summary="Claim one todo by id")
 async def claim(
-    todo_id: FromPath[str],
-    data: JSONBody[ClaimByIdIn],
-    caller: NamedDependency[Caller],
+    todo_id: FromPath[str], data: JSONBody[ClaimByIdIn], caller: NamedDependency[Caller]
 ) -> TodoOut:
     return TodoOut.of(await caller.store.claim(todo_id, caller.name, data.ttl, scope=caller.scope))
 
 
-@post(
-    "/todos/{todo_id:str}/heartbeat", status_code=HTTP_200_OK, summary="Extend the lease", responses=ON_TODO
-)
+@_on_todo("heartbeat", summary="Extend the lease")
 async def heartbeat(
-    todo_id: FromPath[str],
-    data: JSONBody[HeartbeatIn],
-    caller: NamedDependency[Caller],
+    todo_id: FromPath[str], data: JSONBody[HeartbeatIn], caller: NamedDependency[Caller]
 ) -> TodoOut:
     todo = await caller.store.heartbeat(todo_id, caller.name, data.lease, data.ttl, scope=caller.scope)
     return TodoOut.of(todo)
 
 
-@post(
-    "/todos/{todo_id:str}/release", status_code=HTTP_200_OK, summary="Give the todo back", responses=ON_TODO
-)
+@_on_todo("release", summary="Give the todo back")
 async def release(
-    todo_id: FromPath[str],
-    data: JSONBody[ReleaseIn],
-    caller: NamedDependency[Caller],
+    todo_id: FromPath[str], data: JSONBody[ReleaseIn], caller: NamedDependency[Caller]
 ) -> TodoOut:
     return TodoOut.of(await caller.store.release(todo_id, caller.name, data.lease, scope=caller.scope))
 
 
-@post(
-    "/todos/{todo_id:str}/complete",
-    status_code=HTTP_200_OK,
-    summary="Complete the todo (and, with `next`, claim the next one in the same commit)",
-    responses=ON_TODO,
-)
+@_on_todo("complete", summary="Complete the todo (and, with `next`, claim the next one in the same commit)")
 async def complete(
-    todo_id: FromPath[str],
-    data: JSONBody[CompleteIn],
-    caller: NamedDependency[Caller],
+    todo_id: FromPath[str], data: JSONBody[CompleteIn], caller: NamedDependency[Caller]
 ) -> CompleteOut:
     if data.next is None:
         done = await caller.store.complete(todo_id, caller.name, data.lease, data.result, scope=caller.scope)
@@ -228,17 +214,8 @@ async def complete(
     return CompleteOut(todo=TodoOut.of(done), next=TodoOut.of(nxt))
 
 
-@post(
-    "/todos/{todo_id:str}/fail",
-    status_code=HTTP_200_OK,
-    summary="Fail this attempt: retried later below max_attempts, dead-lettered at the cap",
-    responses=ON_TODO,
-)
-async def fail(
-    todo_id: FromPath[str],
-    data: JSONBody[FailIn],
-    caller: NamedDependency[Caller],
-) -> FailOut:
+@_on_todo("fail", summary="Fail this attempt: retried later below max_attempts, dead-lettered at the cap")
+async def fail(todo_id: FromPath[str], data: JSONBody[FailIn], caller: NamedDependency[Caller]) -> FailOut:
     todo = await caller.store.fail(todo_id, caller.name, data.lease, data.error, scope=caller.scope)
     return FailOut.of(todo)
 
@@ -424,16 +401,14 @@ async def resume_queue(
     return ResumedOut(queue=queue, resumed=resumed)
 
 
-@post(
-    "/todos/{todo_id:str}/cancel",
-    status_code=HTTP_200_OK,
+@_on_todo(
+    "cancel",
     summary="Cancel a pending or claimed todo",
     description="The todo is dead-lettered (`failed`) as cancelled: `cancelled_at`, `cancelled_by` "
     "and `cancel_reason` say who, when and why. A claimed todo's holder gets a 409 with problem "
     "type `/problems/cancelled` at its next heartbeat, complete, fail or release, and nothing it "
     "sends is stored. A done or failed todo answers 409. It can be retried like any dead-letter. "
     "The body (`reason`) may be left out.",
-    responses=ON_TODO,
 )
 async def cancel(
     todo_id: FromPath[str], caller: NamedDependency[Caller], data: JSONBody[ReasonIn | None] = None
@@ -442,14 +417,12 @@ async def cancel(
     return TodoOut.of(await caller.control.cancel(todo_id, _agent(caller), reason, scope=caller.scope))
 
 
-@post(
-    "/todos/{todo_id:str}/run-now",
-    status_code=HTTP_200_OK,
+@_on_todo(
+    "run-now",
     summary="Make a scheduled or retrying todo claimable now",
     description="A pending todo waiting for its `run_at` or for its next retry becomes ready at "
     "once (its claimers are woken). A todo that is already ready, or not pending, answers 409. "
     "The body may be left out (or `{}`).",
-    responses=ON_TODO,
 )
 async def run_now(
     todo_id: FromPath[str], caller: NamedDependency[Caller], data: JSONBody[EmptyIn | None] = None
