@@ -110,6 +110,18 @@ async def expire_lease(db, todo_id: str) -> None:
     await db.execute("UPDATE todos SET lease_expires_at = now() - interval '1 second' WHERE id = $1", todo_id)
 
 
+async def fenced_out(store: Store, db, queue: str, owner: str, next_owner: str) -> Todo:
+    """`owner`'s claim of a new todo in `queue`, after which its lease lapsed, the reaper took
+    it and `next_owner` claimed it again: an ack under the returned claim's lease is refused."""
+    todo = await enqueue(store, queue)
+    first = await store.claim(todo.id, owner, 300)
+    await expire_lease(db, todo.id)
+    await store.reap()
+    await db.execute("UPDATE todos SET ready_at = now(), next_retry_at = NULL WHERE id = $1", todo.id)
+    await store.claim(todo.id, next_owner, 300)
+    return first
+
+
 async def make_retry_due(db, todo_id: str) -> None:
     """The todo's retry time is now (not earlier: a todo becomes ready at its ready_at,
     which claims expect to be no older than their last claim, DESIGN "Claim order")."""

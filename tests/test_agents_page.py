@@ -12,7 +12,7 @@ from dashboard.accounts import Accounts
 from dashboard.errors import Conflict
 from dashboard.reads import Reads
 from dashboard.rollups import Rollups
-from tests.factories import claimed, enqueue, expire_lease, login
+from tests.factories import claimed, enqueue, expire_lease, fenced_out, login
 from tests.test_rollups import age_history
 from tests.web_helpers import HX, assert_fragment, get_page, ids_in, post, text
 
@@ -154,14 +154,9 @@ async def test_only_the_last_hour_counts_and_only_the_last_day_lists(conn):
 
 async def test_an_ack_refused_by_fencing_is_counted_for_its_agent(client_without_reaper, pool, store):
     await login(client_without_reaper, pool)
-    todo = await enqueue(store, "fenced")
-    first = await store.claim(todo.id, "ann", 300)
-    await expire_lease(pool, todo.id)
-    await store.reap()
-    await pool.execute("UPDATE todos SET ready_at = now(), next_retry_at = NULL WHERE id = $1", todo.id)
-    await store.claim(todo.id, "bob", 300)
+    first = await fenced_out(store, pool, "fenced", "ann", "bob")
     with pytest.raises(Conflict):
-        await store.complete(todo.id, "ann", first.lease_token)
+        await store.complete(first.id, "ann", first.lease_token)
 
     ann = await one(Reads(pool), "ann")
 

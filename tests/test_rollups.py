@@ -15,7 +15,7 @@ from dashboard.errors import Conflict
 from dashboard.models import Actor
 from dashboard.rollups import BOUNDS, SQL, Rollups, next_sample_in, percentile
 from dashboard.store import Store
-from tests.factories import enqueue, expire_lease, new_todo
+from tests.factories import enqueue, expire_lease, fenced_out, new_todo
 
 STEPS = (
     "created",
@@ -312,18 +312,18 @@ async def test_rows_past_retention_are_pruned(conn):
 
 async def test_an_ack_refused_by_fencing_is_recorded(conn):
     store = Store(conn)
-    todo = await enqueue(store, "fenced")
-    first = await store.claim(todo.id, "ann", 300)
-    await expire_lease(conn, todo.id)
-    await store.reap()
-    await conn.execute("UPDATE todos SET ready_at = now(), next_retry_at = NULL WHERE id = $1", todo.id)
-    await store.claim(todo.id, "ann", 300)
+    first = await fenced_out(store, conn, "fenced", "ann", "ann")
 
     with pytest.raises(Conflict):
-        await store.complete(todo.id, "ann", first.lease_token)
+        await store.complete(first.id, "ann", first.lease_token)
 
     row = await conn.fetchrow("SELECT agent, todo_id, action, lease FROM stale_acks")
-    assert dict(row) == {"agent": "ann", "todo_id": todo.id, "action": "complete", "lease": first.lease_token}
+    assert dict(row) == {
+        "agent": "ann",
+        "todo_id": first.id,
+        "action": "complete",
+        "lease": first.lease_token,
+    }
 
 
 def test_percentiles_from_a_histogram():
