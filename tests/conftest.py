@@ -400,7 +400,10 @@ def pytest_sessionstart(session):
 
 def pytest_terminal_summary(terminalreporter, config):
     took = time.monotonic() - config.stash[_started]
-    what = "whole suite" if config.args_source is pytest.Config.ArgsSource.TESTPATHS else "this run"
+    whole = config.args_source is pytest.Config.ArgsSource.TESTPATHS and not (
+        config.option.markexpr or config.option.keyword
+    )
+    what = "whole suite" if whole else "this run"
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     terminalreporter.write_line(
         f"{what}: {took:.0f} s, load average {load} on {os.cpu_count()} cores"
