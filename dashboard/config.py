@@ -120,7 +120,7 @@ class Settings:
         "SWITCHBOARD_RETENTION_DAYS",
         7.0,
         number(float, "a number of days"),
-        "done and dead todos are kept this long",
+        "done and dead todos are kept this long, and history from the day it was written",
     )
     rollup_minute_hours: float = setting(
         "SWITCHBOARD_ROLLUP_MINUTE_HOURS",

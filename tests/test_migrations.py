@@ -21,6 +21,7 @@ from dashboard.errors import MigrationError
 from dashboard.migrate import ADVISORY_LOCK_KEY, MIGRATIONS_DIR, apply_migrations, load_migrations
 from dashboard.store import Store
 from tests.conftest import ROOT, connected, scratch_database
+from tests.factories import enqueue
 
 ALL = [m.name for m in load_migrations()]
 
@@ -280,3 +281,39 @@ async def test_0007_gives_pending_todos_their_old_claim_position_and_keeps_them_
     # A retry time written by plain SQL must move ready_at with it.
     with pytest.raises(asyncpg.CheckViolationError):
         await empty_conn.execute("UPDATE todos SET next_retry_at = now() WHERE id = 'td_retrying'")
+
+
+# -- 0015: history partitioned by day, moved in place --------------------------------------
+
+
+async def test_0015_moves_a_populated_history_into_daily_partitions_in_place(empty_conn, tmp_path):
+    before_0015 = tmp_path / "migrations"
+    before_0015.mkdir()
+    for name in ALL:
+        if int(name.split("_", 1)[0]) < 15:
+            shutil.copy(MIGRATIONS_DIR / name, before_0015 / name)
+    await apply_migrations(empty_conn, before_0015)
+    store = Store(empty_conn)
+    todos = [await enqueue(store, title=f"t{n}") for n in range(20)]
+    for _ in range(10):
+        [held] = await store.claim_batch(["q"], "w1", 30, 1)
+        await store.complete(held.id, "w1", held.lease_token)
+    await empty_conn.execute("UPDATE todo_history SET at = at - interval '40 days' WHERE id % 3 = 0")
+    old_rows = [tuple(r) for r in await empty_conn.fetch("SELECT * FROM todo_history ORDER BY id")]
+    last_id = await empty_conn.fetchval("SELECT max(id) FROM todo_history")
+
+    assert await apply_migrations(empty_conn) == [n for n in ALL if n >= "0015"]
+
+    assert [tuple(r) for r in await empty_conn.fetch("SELECT * FROM todo_history ORDER BY id")] == old_rows
+    assert await empty_conn.fetchval("SELECT relkind FROM pg_class WHERE relname = 'todo_history'") == b"p"
+    assert await empty_conn.fetchval("SELECT count(*) FROM todo_history_default") == 0
+    old = await empty_conn.fetchval("SELECT count(*) FROM todo_history WHERE at < now() - interval '30 days'")
+    assert old == sum(1 for row in old_rows if row[0] % 3 == 0) > 0  # in the first partition
+    new = await enqueue(store, title="after")
+    new_ids = [
+        r["id"] for r in await empty_conn.fetch("SELECT id FROM todo_history WHERE todo_id = $1", new.id)
+    ]
+    assert min(new_ids) > last_id  # the sequence goes on: rollups read by id
+    # No foreign key: deleting a todo leaves its history to its day.
+    await empty_conn.execute("DELETE FROM todos WHERE id = $1", todos[0].id)
+    assert await empty_conn.fetchval("SELECT count(*) FROM todo_history WHERE todo_id = $1", todos[0].id) == 3

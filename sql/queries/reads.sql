@@ -318,11 +318,14 @@ ORDER BY age DESC NULLS FIRST
 LIMIT 20;
 
 -- name: dead_tuples
--- Dead row versions in the hot tables, as the statistics collector last counted them.
-SELECT relname AS "table", n_dead_tup AS dead
+-- Dead row versions in the hot tables, as the statistics collector last counted them
+-- (todo_history's summed over its partitions, migration 0015).
+SELECT CASE WHEN relid = 'todos'::regclass THEN 'todos' ELSE 'todo_history' END AS "table",
+       sum(n_dead_tup)::bigint AS dead
 FROM pg_stat_user_tables
-WHERE relname IN ('todos', 'todo_history') AND schemaname = current_schema()
-ORDER BY relname DESC;  -- todos first
+WHERE relid = 'todos'::regclass OR relid IN (SELECT relid FROM pg_partition_tree('todo_history'))
+GROUP BY 1
+ORDER BY 1 DESC;  -- todos first
 
 -- name: unknown_queues
 -- Which of :queues no todo is in (none was ever created there, or all were pruned): one
