@@ -1,6 +1,7 @@
 """The one harness every benchmark runs in: the server under test and its scratch
 databases (fresh ones, or copies of one), the durability check, what a report's header
-says about the server and the machine (heading, load average, commit probe), pgbench, the
+says about the server and the machine (heading, load average, commit probe), the WAL the
+server writes during a run (wal_position, wal_since), pgbench, the
 app as a subprocess stopped by its pid and a database with an agent's token to drive it
 with, and the main loop (run_on_server) that picks the server, runs the benchmark on
 asyncio or uvloop, and cleans up after it, also on Ctrl-C or SIGTERM.
@@ -209,6 +210,19 @@ async def commit_ms(conn: asyncpg.Connection, count: int = 50) -> float:
         times.append(time.perf_counter() - began)
     await conn.execute("TRUNCATE bench_commit_probe")
     return statistics.median(times) * 1000
+
+
+async def wal_position(conn: asyncpg.Connection) -> int:
+    """Where the server inserts WAL now (pg_current_wal_insert_lsn(), which asyncpg gives
+    as the byte position), for wal_since."""
+    return await conn.fetchval("SELECT pg_current_wal_insert_lsn()")
+
+
+async def wal_since(conn: asyncpg.Connection, position: int) -> int:
+    """Bytes of WAL the whole server has inserted since `position` (wal_position), as
+    pg_wal_lsn_diff(now, position) counts them: what one workload wrote only on a server
+    nobody else writes to meanwhile."""
+    return int(await conn.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1)", position))
 
 
 async def count_states(conn: asyncpg.Connection) -> dict[str, int]:

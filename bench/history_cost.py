@@ -19,7 +19,7 @@ repetitions). The drops come after the fill, which needs todos_dedupe (create_to
 ON CONFLICT). The schema itself is never changed: only the scratch copies are, and they
 are dropped right after their run.
 
-Which of these the dashboard needs is in bench/README.md ("history_cost.py").
+Which of these the dashboard needs is in docs/benchmarks.md ("history_cost.py").
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ is repeated --runs times; the table shows the median, and each ratio is the medi
 per-run ratios. Within one repetition the compared variants run one after the other, in a
 rotating order, so machine noise hits them alike. Before each measurement the tables are
 truncated, seeded with finished todos, refilled (when the measurement consumes todos),
-vacuumed, analyzed and checkpointed, so every variant starts from the same state.
-Progress goes to stderr; the table goes to stdout. See bench/README.md for what each row
+vacuumed, analyzed and checkpointed, so every variant starts from the same state. Each
+row also shows the WAL the server inserted per todo during its runs (measured()).
+Progress goes to stderr; the table goes to stdout. See docs/benchmarks.md for what each row
 measures.
 
 The families: claim (1, 4, 16 workers), batch (against PgQueuer), enqueue, limit (the
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -45,7 +47,7 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -439,12 +441,49 @@ class Results:
         self.loads: list[tuple[str, float]] = []  # (family, 1-minute load average as it began)
         self.latencies: list[Latency] = []  # hint wake-up latency
         self.cpu: dict[str, list[float]] = {}  # client CPU ms per todo (the limit family)
+        self.wal: dict[str, list[float]] = {}  # WAL bytes per todo, per run (measured())
 
-    def add(self, key: str, label: str, rate: float) -> None:
+    def add(self, key: str, label: str, rate: float, wal: Wal | None = None) -> None:
         self.series.setdefault(key, Series(key, label)).rates.append(rate)
+        if wal is not None:
+            self.wal.setdefault(key, []).append(wal.per_todo(label))
 
     def get(self, key: str) -> Series | None:
         return self.series.get(key)
+
+    def wal_ratio(self, row: Row) -> float | None:
+        """The median of the per-run WAL-per-todo ratios of a row to its `versus`."""
+        if row.versus is None:
+            return None
+        ours, theirs = self.wal.get(row.series.key, []), self.wal.get(row.versus.key, [])
+        if not ours or len(ours) != len(theirs):
+            return None
+        return statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
+
+
+@dataclass
+class Wal:
+    """The WAL the server inserted during one run, and the todos that run processed."""
+
+    bytes: int
+    todos: int
+
+    def per_todo(self, label: str) -> float:
+        if self.bytes <= 0 or self.todos <= 0:  # every durable transition writes WAL
+            raise RuntimeError(f"{label}: {self.bytes} bytes of WAL for {self.todos} todos")
+        return self.bytes / self.todos
+
+
+async def measured(
+    conn: asyncpg.Connection, run: Callable[[], Awaitable[tuple[float, int]]]
+) -> tuple[float, int, Wal]:
+    """`run()`'s (seconds, todos) and the Wal the server inserted meanwhile: from
+    pg_current_wal_insert_lsn() just before it to just after, read on `conn` (any
+    connection to the server). Server-wide, so a measure of the run alone on the
+    benchmark's own server."""
+    position = await harness.wal_position(conn)
+    seconds, done = await run()
+    return seconds, done, Wal(await harness.wal_since(conn, position), done)
 
 
 # -- the server's commit latency -------------------------------------------------------
@@ -618,9 +657,10 @@ async def store_enqueue_batches(store: Store, batches: list[list[NewTodo]]) -> i
 # -- scenario families -------------------------------------------------------------------
 
 
-def rate_line(label: str, n: int, seconds: float) -> float:
+def rate_line(label: str, n: int, seconds: float, wal: Wal | None = None) -> float:
     rate = n / seconds
-    log(f"  {label:<58} {rate:>9,.0f} todos/s  ({n} in {seconds:.2f} s)")
+    wal_text = f", {wal.bytes / n:,.0f} B of WAL per todo" if wal else ""
+    log(f"  {label:<58} {rate:>9,.0f} todos/s  ({n} in {seconds:.2f} s{wal_text})")
     return rate
 
 
@@ -630,11 +670,11 @@ async def timed_enqueue(
     """One enqueue measurement on emptied, settled tables: `run()` must enqueue `n` todos."""
     await reset(admin)
     await harness.settle(admin)
-    seconds, made = await run()
+    seconds, made, wal = await measured(admin, run)
     if made != n:
         raise RuntimeError(f"{label}: enqueued {made} of {n}")
     await harness.expect_states(admin, {"pending": n, "done": SEED_DONE}, label)
-    results.add(key, label, rate_line(label, n, seconds))
+    results.add(key, label, rate_line(label, n, seconds, wal), wal)
 
 
 async def family_claim(server: Server, args, results: Results, _tmp: Path) -> None:
@@ -665,12 +705,12 @@ async def family_claim(server: Server, args, results: Results, _tmp: Path) -> No
                 log(f"[claim] run {rep + 1}/{args.runs}, {workers} worker(s)")
                 for key, label, run in rotated(variants, rep):
                     await fill(admin, n)
-                    seconds, done = await run(workers)
+                    seconds, done, wal = await measured(admin, functools.partial(run, workers))
                     if done != n:
                         raise RuntimeError(f"{label}: processed {done} of {n}")
                     await harness.expect_states(admin, {"done": n + SEED_DONE}, label)
                     full = f"{label}, {workers} worker{'s' if workers > 1 else ''}"
-                    results.add(f"{key}@{workers}", full, rate_line(full, n, seconds))
+                    results.add(f"{key}@{workers}", full, rate_line(full, n, seconds, wal), wal)
         await commit_probe(admin, results)
     finally:
         await admin.close()
@@ -724,10 +764,10 @@ async def family_rollups(server: Server, args, results: Results, _tmp: Path) -> 
             log(f"[rollups] run {rep + 1}/{args.runs}, 4 workers")
             for key, label, go in rotated(variants, rep):
                 await fill(admin, n)
-                seconds, done = await go()
+                seconds, done, wal = await measured(admin, go)
                 if done != n:
                     raise RuntimeError(f"{label}: processed {done} of {n}")
-                results.add(key, f"{label}, 4 workers", rate_line(label, n, seconds))
+                results.add(key, f"{label}, 4 workers", rate_line(label, n, seconds, wal), wal)
     finally:
         await admin.close()
 
@@ -751,14 +791,16 @@ async def family_batch(server: Server, args, results: Results, _tmp: Path) -> No
         await harness.check_durable(pgq_admin)
         await commit_probe(admin, results)
 
-        async def ours() -> tuple[float, int]:
+        async def ours() -> tuple[float, int, Wal]:
             await fill(admin, n)
             async with stores(dsn, workers, pool=args.pool) as ss:
-                seconds, done = await timed([store_batches(s, f"w{i}") for i, s in enumerate(ss)])
+                seconds, done, wal = await measured(
+                    admin, lambda: timed([store_batches(s, f"w{i}") for i, s in enumerate(ss)])
+                )
             await harness.expect_states(admin, {"done": n + SEED_DONE}, "claim_batch + complete_many")
-            return seconds, done
+            return seconds, done, wal
 
-        async def theirs() -> tuple[float, int]:
+        async def theirs() -> tuple[float, int, Wal]:
             return await run_pgqueuer(pgq_dsn, pgq_admin, n, workers)
 
         variants = [
@@ -768,10 +810,10 @@ async def family_batch(server: Server, args, results: Results, _tmp: Path) -> No
         for rep in range(args.runs):
             log(f"[batch] run {rep + 1}/{args.runs}")
             for key, label, run in rotated(variants, rep):
-                seconds, done = await run()
+                seconds, done, wal = await run()
                 if done != n:
                     raise RuntimeError(f"{label}: processed {done} of {n}")
-                results.add(key, label, rate_line(label, n, seconds))
+                results.add(key, label, rate_line(label, n, seconds, wal), wal)
         await commit_probe(admin, results)
     finally:
         await admin.close()
@@ -800,7 +842,7 @@ async def run_pgqueuer(dsn: str, admin: asyncpg.Connection, n: int, workers: int
     EXCLUSIVE lock on the queue table until every worker waits on it in its first
     dequeue; the clock starts as it is released. It stops when every job has run and every
     worker has shut down, which flushes the buffered completions (the job rows are then
-    gone from the queue table, checked afterwards).
+    gone from the queue table, checked afterwards). The WAL is counted over the same span.
     """
     from pgqueuer import Queries, QueueManager
 
@@ -850,6 +892,7 @@ async def run_pgqueuer(dsn: str, admin: asyncpg.Connection, n: int, workers: int
                 if time.monotonic() > deadline or any(t.done() for t in tasks):
                     raise RuntimeError("PgQueuer workers did not reach their first dequeue")
                 await asyncio.sleep(0.005)
+            position = await harness.wal_position(admin)
             start = time.perf_counter()
             await gate.commit()
             gate = None
@@ -858,6 +901,7 @@ async def run_pgqueuer(dsn: str, admin: asyncpg.Connection, n: int, workers: int
                 qm.shutdown.set()
             await asyncio.gather(*tasks)
             elapsed = time.perf_counter() - start
+            wal = Wal(await harness.wal_since(admin, position), ran)
         finally:
             if gate is not None:
                 await gate.rollback()
@@ -871,7 +915,7 @@ async def run_pgqueuer(dsn: str, admin: asyncpg.Connection, n: int, workers: int
     left = await admin.fetchval(f"SELECT count(*) FROM {table}")
     if left:
         raise RuntimeError(f"PgQueuer: {left} jobs still in {table} after the run")
-    return elapsed, ran
+    return elapsed, ran, wal
 
 
 def enqueue_items(n: int) -> list[NewTodo]:
@@ -1186,10 +1230,10 @@ async def family_limit(server: Server, args, results: Results, tmp: Path) -> Non
                 for key, label, prepare, run, check in rotated(group, rep):
                     await prepare()
                     cpu = client_cpu()
-                    seconds, done = await run()
+                    seconds, done, wal = await measured(admin, run)
                     cpu = client_cpu() - cpu
                     await check()
-                    results.add(key, label, rate_line(label, done, seconds))
+                    results.add(key, label, rate_line(label, done, seconds, wal), wal)
                     results.cpu.setdefault(key, []).append(cpu * 1000 / done)
         await commit_probe(admin, results)
     finally:
@@ -1406,7 +1450,18 @@ def build_rows(results: Results) -> None:
 
 def render(results: Results, header: list[str]) -> str:
     rows: list[tuple[str, ...]] = [
-        ("scenario", "todos/s", "spread", "ratio", "vs", "target", "result", "client CPU/todo")
+        (
+            "scenario",
+            "todos/s",
+            "spread",
+            "ratio",
+            "vs",
+            "target",
+            "result",
+            "client CPU/todo",
+            "WAL B/todo",
+            "WAL ratio",
+        )
     ]
     names = {}
     for r in results.rows:
@@ -1425,13 +1480,22 @@ def render(results: Results, header: list[str]) -> str:
                 r.target_text,
                 r.verdict,
                 cpu_cell(results.cpu.get(r.series.key)),
+                wal_cell(results.wal.get(r.series.key)),
+                "" if (wal := results.wal_ratio(r)) is None else f"{wal:.2f}×",
             )
         )
-    out = [*header, "", *table(rows, {1, 2, 3, 7})]
+    out = [*header, "", *table(rows, {1, 2, 3, 7, 8, 9})]
     if results.cpu:
         out.append(
             "client CPU/todo: CPU time of the client side (this process for the Store, pgbench for "
             "pgbench) per todo, median; the server shares the same cores"
+        )
+    if results.wal:
+        out.append(
+            "WAL B/todo: bytes of WAL the server inserted during the run (pg_wal_lsn_diff of "
+            "pg_current_wal_insert_lsn() after and before) / todos processed, median; each run starts "
+            "after a CHECKPOINT, so full-page images are in it; WAL ratio: median of the per-run "
+            "ratios to the 'vs' row. Server-wide: it counts whatever else writes to the server"
         )
     if results.latencies:
         out += ["", *latency_table(results.latencies)]
@@ -1467,6 +1531,15 @@ def latency_table(latencies: list[Latency]) -> list[str]:
 
 def cpu_cell(values: list[float] | None) -> str:
     return f"{statistics.median(values):.3f} ms" if values else ""
+
+
+# Settings that change how much WAL a todo writes (with checksums, hint bits set after a
+# checkpoint log full pages too), printed in the header.
+WAL_SETTINGS = ("data_checksums", "wal_compression", "wal_level", "full_page_writes")
+
+
+def wal_cell(values: list[float] | None) -> str:
+    return f"{statistics.median(values):,.0f}" if values else ""
 
 
 def load_text(load: tuple[float, float, float]) -> str:
@@ -1522,7 +1595,7 @@ async def run_all(server: Server, args, tmp: Path) -> int:
     started = time.perf_counter()
     load_before = os.getloadavg()
     try:
-        settings = await harness.server_settings(server.dsn)
+        settings = await harness.server_settings(server.dsn, (*harness.SETTINGS, *WAL_SETTINGS))
         for name in args.only or list(FAMILIES):
             results.loads.append((name, os.getloadavg()[0]))
             await FAMILIES[name](server, args, results, tmp)
@@ -1548,6 +1621,7 @@ async def run_all(server: Server, args, tmp: Path) -> int:
         "family began: " + ", ".join(f"{name} {load:.1f}" for name, load in results.loads),
         f"one-row INSERT + commit: {probe_range(results.commit_ms)} (median of 50, probed "
         "before and after each family)",
+        "what the WAL column depends on: " + harness.settings_line(settings, WAL_SETTINGS),
     ]
     dump = {
         "settings": settings,
@@ -1571,6 +1645,7 @@ async def run_all(server: Server, args, tmp: Path) -> int:
             if isinstance(r, Row)
         ],
         "client_cpu_ms_per_todo": results.cpu,
+        "wal_bytes_per_todo": results.wal,
         "wake_ms": [
             {"label": lat.label, "from_return": lat.from_return, "from_call": lat.from_call, "lost": lat.lost}
             for lat in results.latencies
