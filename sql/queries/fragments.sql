@@ -34,16 +34,36 @@ SET state = 'claimed', owner = :owner, attempt = attempt + 1,
 -- entries of everything claimed before it (migrations 0007, 0008). `higher` takes a todo
 -- of a higher priority that became ready since, from the oldest of those levels; `same`
 -- goes on from the position; `lower` takes the levels below, each from its oldest. A scan
--- from the oldest is rank -10, after null: `same` and `lower` then cover every level.
+-- from the oldest is rank -10, after null: `lower` then covers every level from its top.
 -- Each branch claims only what the ones before left of n, and is skipped at 0 (a LIMIT
 -- of 0 reads nothing).
+-- A claim pays only for what is in use (issue 27): each branch and the pause lookup has
+-- a gate on the parameters (a one-time filter, checked before its scan starts):
+-- - `higher` runs only below the top level (:rank > -10, priority_range's top in 0008).
+--   Below it, it is one descent to the index's first entry, which stops there without a
+--   heap visit when no level above holds a pending todo; an EXISTS probe to decide
+--   whether to run it would cost that same descent, so there is none.
+-- - `same` runs only from a position (:after not null); from the oldest, `lower` starts
+--   at :rank itself, so a full scan is one index scan.
+-- - `open` looks at paused queues only when queue_pauses has a row (initplans are lazy:
+--   the ELSE branch is not run).
+-- `same` and `lower` stay two scans: a single one over (-priority, ready_at) >=
+-- (:rank, :after) would, with nothing ready at :rank, walk every todo scheduled later at
+-- that level before the next, where `same` stops at the first not yet ready.
+-- At 50,000 pending, one priority, generic plan, the scan reads 6 buffers from a
+-- position (the `higher` descent, then the claim's probe) and 4 from the oldest (8
+-- before); tests/test_claim_cost.py holds it. What the claim costs beyond that is the
+-- UPDATE (the row, every index it is in) and its history row.
 -- The `id = ANY (ARRAY (…))` form keeps the row lookups on the primary key in generic plans.
 open AS (
-    SELECT array(SELECT q FROM unnest(:queues::text[]) AS q
-                 WHERE NOT EXISTS (SELECT FROM queue_pauses p WHERE p.queue = q)) AS queues
+    SELECT CASE WHEN NOT EXISTS (SELECT FROM queue_pauses) THEN :queues::text[]
+                ELSE array(SELECT q FROM unnest(:queues::text[]) AS q
+                           WHERE NOT EXISTS (SELECT FROM queue_pauses p WHERE p.queue = q))
+           END AS queues
 ), higher AS (
     SELECT id FROM todos
-    WHERE state = 'pending' AND queue = ANY ((SELECT queues FROM open)::text[])
+    WHERE :rank::int > -10
+      AND state = 'pending' AND queue = ANY ((SELECT queues FROM open)::text[])
       AND -priority < :rank::int
       -- include: claimable
     ORDER BY -priority, ready_at
@@ -51,8 +71,9 @@ open AS (
     FOR UPDATE SKIP LOCKED
 ), same AS (
     SELECT id FROM todos
-    WHERE state = 'pending' AND queue = ANY ((SELECT queues FROM open)::text[])
-      AND -priority = :rank::int AND ready_at >= coalesce(:after::timestamptz, '-infinity')
+    WHERE :after::timestamptz IS NOT NULL
+      AND state = 'pending' AND queue = ANY ((SELECT queues FROM open)::text[])
+      AND -priority = :rank::int AND ready_at >= :after::timestamptz
       -- include: claimable
     ORDER BY -priority, ready_at
     LIMIT (SELECT n FROM wanted) - (SELECT count(*) FROM higher)
@@ -60,7 +81,7 @@ open AS (
 ), lower AS (
     SELECT id FROM todos
     WHERE state = 'pending' AND queue = ANY ((SELECT queues FROM open)::text[])
-      AND -priority > :rank::int
+      AND -priority >= :rank::int + (:after::timestamptz IS NOT NULL)::int
       -- include: claimable
     ORDER BY -priority, ready_at
     LIMIT (SELECT n FROM wanted) - (SELECT count(*) FROM higher) - (SELECT count(*) FROM same)
