@@ -36,8 +36,8 @@ THROUGHPUT_MINUTES = 15
 # Queue counts are exact up to this many todos (per queue and count); above it they show
 # the rollup job's last backlog sample (at most SAMPLE_AGE old), marked approximate.
 # A todo read shows its newest HISTORY_SHOWN steps, and an edit's changes up to
-# CHANGES_BYTES_SHOWN bytes: its owner can grow both (a heartbeat is a step; an edit holds two
-# payloads), and every read, wait and open page must stay cheap all the same.
+# CHANGES_BYTES_SHOWN bytes: its owner can grow both (every release and claim is a step; an edit
+# holds two payloads), and every read, wait and open page must stay cheap all the same.
 HISTORY_SHOWN, HISTORY_PAGE_MAX = 100, 1000
 CHANGES_BYTES_SHOWN = 16 * 1024
 EXACT_COUNT_LIMIT = 500
@@ -204,8 +204,9 @@ def short_lease(seconds_left: float, ttl: float) -> bool:
 
 
 class AgentSummary(msgspec.Struct, kw_only=True):
-    """An agent as the agents page shows it. done, failed and the last claim, heartbeat and
-    ack come from the rollups (a few seconds behind); leases and stale_acks are live."""
+    """An agent as the agents page shows it. done, failed and the last claim and ack come
+    from the rollups (a few seconds behind); leases, the last heartbeat (of the leases it
+    holds) and stale_acks are live."""
 
     agent: str
     leases: int  # held now

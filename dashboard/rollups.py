@@ -145,9 +145,7 @@ QUEUE_COUNTS = {
 WAITED = ("claimed",)  # elapsed: time in queue
 RAN = ("completed", "failed")  # elapsed: run time
 AGENT_COUNTS = ("claimed", "completed", "failed", "released")
-AGENT_LAST = {"claimed": "last_claim_at", "heartbeat": "last_heartbeat_at"} | dict.fromkeys(
-    ("completed", "failed", "released"), "last_ack_at"
-)
+AGENT_LAST = {"claimed": "last_claim_at"} | dict.fromkeys(("completed", "failed", "released"), "last_ack_at")
 
 
 def fold(rows) -> tuple[list[dict], list[dict]]:

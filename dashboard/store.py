@@ -244,12 +244,9 @@ class Store(Writer):
         ttl: float,
         *,
         scope: Scope | None = None,
-        actor_kind: str = "agent",
     ) -> Todo:
-        """Extend the lease to ttl seconds from now."""
-        record = await SQL.heartbeat.fetchrow(
-            self.db, **_held(todo_id, owner, lease, scope), ttl=check_ttl(ttl), actor_kind=_holder(actor_kind)
-        )
+        """Extend the lease to ttl seconds from now (no history row: the row holds it)."""
+        record = await SQL.heartbeat.fetchrow(self.db, **_held(todo_id, owner, lease, scope), ttl=check_ttl(ttl))
         return await self._one(record, todo_id, "heartbeat", owner, lease, scope)
 
     async def release(

@@ -88,6 +88,21 @@ async def test_an_edit_of_the_version_read_applies_and_one_of_an_older_version_s
     assert (await control.edit(todo.id, SAM, TodoEdit(title="c"), version=released.version)).title == "c"
 
 
+async def test_a_version_a_heartbeat_made_lists_every_change_after_it(module_store, module_control):
+    """A heartbeat makes a version but writes no history row (DESIGN "History"): the
+    changes since it are the rows after it, none skipped as the one that made it."""
+    store, control = module_store, module_control
+    todo = await enqueue(store, "e", "a")
+    held = await store.claim(todo.id, "w1", 30)
+    beat = await store.heartbeat(todo.id, "w1", held.lease_token, 30)
+    released = await store.release(todo.id, "w1", held.lease_token)
+
+    with pytest.raises(Stale) as caught:
+        await control.edit(todo.id, SAM, TodoEdit(title="b"), version=beat.version)
+    assert [c.note for c in caught.value.current["changed_since"]] == ["released"]
+    assert caught.value.current["version"] == released.version
+
+
 async def test_a_stale_edit_is_refused_before_it_is_judged_and_the_latest_changes_are_listed(
     module_store, module_control
 ):

@@ -159,7 +159,8 @@ async def test_prune_deletes_only_finished_todos_older_than_the_age(module_store
     left = {r["id"] for r in await module_pool.fetch("SELECT id FROM todos")}
     assert left == {young_done.id, old_pending.id, old_claimed.id}
     # History goes by its day, not with its todo (tests/test_history_partitions.py).
-    assert [s.note for s in await history(module_pool, old_done.id)] == ["created", "claimed by id", "completed"]
+    notes = [step.note for step in await history(module_pool, old_done.id)]
+    assert notes == ["created", "claimed by id", "completed"]
     assert await module_store.prune(86400) == 0
 
 

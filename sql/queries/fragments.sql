@@ -154,14 +154,16 @@ SET state = 'pending', owner = NULL, completed_at = NULL, next_retry_at = NULL,
 SELECT id, 'failed', 'pending', :actor_kind, :actor, attempt,
        CASE WHEN :one_more THEN 'retried by operator: one more attempt'
             ELSE 'retried by operator: fresh budget' END,
-       'retried', queue, NULL
+       'retried', queue, NULL, updated_at
 FROM retried
 
 -- fragment: history_insert
--- The history row of a move (DESIGN.md, "Actors"); the statement adds its SELECT. An
+-- The history row of a move (DESIGN.md, "Actors"); the statement adds its SELECT, whose
+-- last column is `at`: the todo's updated_at as the move wrote it, the version it made,
+-- so that what changed after a version is exactly the rows after it (history_since). An
 -- edit's row also has `changes`, and names the columns itself.
 INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note,
-                          event, queue, elapsed)
+                          event, queue, elapsed, at)
 
 -- fragment: todo_filter
 -- The todo list's filter (list_todos, and matching_ids for "all matching"): every value

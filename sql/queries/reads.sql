@@ -167,10 +167,7 @@ SELECT a.agent,
                                WHERE r.agent = a.agent AND r.at >= now() - make_interval(secs => :recent_seconds)
                                  AND r.last_claim_at IS NOT NULL
                                ORDER BY r.at DESC LIMIT 1)) AS last_claim_at,
-       greatest(l.heartbeat_at, (SELECT r.last_heartbeat_at FROM agent_rollups r
-                                 WHERE r.agent = a.agent AND r.at >= now() - make_interval(secs => :recent_seconds)
-                                   AND r.last_heartbeat_at IS NOT NULL
-                                 ORDER BY r.at DESC LIMIT 1)) AS last_heartbeat_at,
+       l.heartbeat_at AS last_heartbeat_at,
        (SELECT r.last_ack_at FROM agent_rollups r
         WHERE r.agent = a.agent AND r.at >= now() - make_interval(secs => :recent_seconds)
           AND r.last_ack_at IS NOT NULL
@@ -210,19 +207,15 @@ ORDER BY id;
 -- name: history_since
 -- What changed todo :id after the version :since (its updated_at then), newest first, at
 -- most :limit rows, each with how many there are in all; large changes left out as in
--- `history`. The first row at or after :since is the change that made that version,
--- skipped: a statement sets updated_at before it writes its history row, and the next
--- change to the todo writes after it commits.
-WITH since AS (
-    SELECT id, at, from_state, to_state, actor_kind, actor, attempt, note, changes,
-           row_number() OVER (ORDER BY id) AS n
-    FROM todo_history WHERE todo_id = :id AND at >= :since
-)
+-- `history`. A move's row is at the version it made (fragments.sql, history_insert), so
+-- the rows after :since are exactly the later moves. (A heartbeat makes a version but no
+-- row: the lease it extended ends in one.)
 SELECT id, at, from_state, to_state, actor_kind, actor, attempt, note,
        CASE WHEN octet_length(changes::text) <= :changes_max THEN changes END AS changes,
        CASE WHEN octet_length(changes::text) > :changes_max THEN octet_length(changes::text) END AS changes_bytes,
        count(*) OVER () AS total
-FROM since WHERE n > 1 ORDER BY id DESC LIMIT :limit;
+FROM todo_history WHERE todo_id = :id AND at > :since
+ORDER BY id DESC LIMIT :limit;
 
 -- name: queue_pauses
 SELECT * FROM queue_pauses ORDER BY queue;

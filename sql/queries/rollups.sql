@@ -78,14 +78,13 @@ ON CONFLICT (grain, queue, at) DO UPDATE SET
 
 -- name: add_agent_steps
 INSERT INTO agent_rollups AS r (agent, at, claimed, completed, failed, released,
-                                last_claim_at, last_heartbeat_at, last_ack_at)
+                                last_claim_at, last_ack_at)
 VALUES (:agent, :at, :claimed, :completed, :failed, :released,
-        :last_claim_at, :last_heartbeat_at, :last_ack_at)
+        :last_claim_at, :last_ack_at)
 ON CONFLICT (agent, at) DO UPDATE SET
     claimed = r.claimed + excluded.claimed, completed = r.completed + excluded.completed,
     failed = r.failed + excluded.failed, released = r.released + excluded.released,
     last_claim_at = greatest(r.last_claim_at, excluded.last_claim_at),
-    last_heartbeat_at = greatest(r.last_heartbeat_at, excluded.last_heartbeat_at),
     last_ack_at = greatest(r.last_ack_at, excluded.last_ack_at);
 
 -- name: sample_backlog

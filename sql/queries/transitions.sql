@@ -1,14 +1,15 @@
 -- Every statement that moves a todo, one per transition (DESIGN.md's table).
 -- Each is one statement: the guard lives in the UPDATE's WHERE, and a CTE appends the
--- history row in the same statement. No row back means the guard failed; the store then
--- classifies the miss (classify_miss) as NotFound or Conflict.
+-- history row in the same statement (but a heartbeat: the row holds it). No row back
+-- means the guard failed; the store then classifies the miss (classify_miss) as NotFound
+-- or Conflict.
 -- Leases are written with clock_timestamp(): a statement may wait on a row lock first.
 -- Parameters are named (:owner); dashboard/queries.py numbers them for asyncpg.
 -- What several statements share is written once in fragments.sql and taken with an
 -- `-- include: x` line: who may claim (claimable), the claim scan, the lease guard, the
 -- history row's columns, what completing, failing and retrying write.
 -- History rows record who moved the todo as a kind and a bare name (DESIGN.md, "Actors"):
--- claim by id, heartbeat, release, complete and fail write (:actor_kind, :owner): 'agent',
+-- claim by id, release, complete and fail write (:actor_kind, :owner): 'agent',
 -- or 'operator' for a person working their inbox; the batch claims and completions are
 -- agents' only and write ('agent', :owner); the reaper's ('system', 'reaper');
 -- create, retry and force-release write the caller's (:actor_kind, :actor).
@@ -48,7 +49,8 @@ WITH upserted AS (
            CASE WHEN id = ANY (:ids::text[]) THEN NULL ELSE state END,
            state, :actor_kind, :actor, attempt,
            CASE WHEN id = ANY (:ids::text[]) THEN 'created' ELSE 'duplicate delivery collapsed' END,
-           CASE WHEN id = ANY (:ids::text[]) THEN 'created' ELSE 'deduplicated' END, queue, NULL
+           CASE WHEN id = ANY (:ids::text[]) THEN 'created' ELSE 'deduplicated' END, queue, NULL,
+           updated_at
     FROM upserted
 )
 SELECT * FROM upserted;
@@ -69,7 +71,7 @@ WITH wanted AS (
 , logged AS (
     -- include: history_insert
     SELECT id, 'pending', 'claimed', 'agent', :owner, attempt, 'claimed',
-           'claimed', queue, extract(epoch FROM claimed_at - ready_at) FROM claimed
+           'claimed', queue, extract(epoch FROM claimed_at - ready_at), updated_at FROM claimed
 )
 SELECT * FROM claimed ORDER BY -priority, ready_at;
 
@@ -82,7 +84,7 @@ WITH completed AS (
 ), logged AS (
     -- include: history_insert
     SELECT id, 'claimed', 'done', :actor_kind, :owner, attempt, 'completed',
-           'completed', queue, extract(epoch FROM completed_at - claimed_at) FROM completed
+           'completed', queue, extract(epoch FROM completed_at - claimed_at), updated_at FROM completed
 )
 SELECT * FROM completed;
 
@@ -110,7 +112,7 @@ WITH items AS (
 ), logged AS (
     -- include: history_insert
     SELECT id, 'claimed', 'done', 'agent', :owner, attempt, 'completed',
-           'completed', queue, extract(epoch FROM completed_at - claimed_at) FROM completed
+           'completed', queue, extract(epoch FROM completed_at - claimed_at), updated_at FROM completed
 )
 SELECT * FROM completed;
 
@@ -128,11 +130,11 @@ WITH completed AS (
 , logged AS (
     -- include: history_insert
     SELECT id, 'claimed'::todo_state, 'done'::todo_state, 'agent', :owner, attempt, 'completed',
-           'completed', queue, extract(epoch FROM completed_at - claimed_at)::real
+           'completed', queue, extract(epoch FROM completed_at - claimed_at)::real, updated_at
     FROM completed
     UNION ALL
     SELECT id, 'pending', 'claimed', 'agent', :owner, attempt, 'claimed',
-           'claimed', queue, extract(epoch FROM claimed_at - ready_at)::real FROM claimed
+           'claimed', queue, extract(epoch FROM claimed_at - ready_at)::real, updated_at FROM claimed
 )
 SELECT 'completed' AS part, * FROM completed
 UNION ALL
@@ -154,24 +156,20 @@ WITH claimed AS (
 ), logged AS (
     -- include: history_insert
     SELECT id, 'pending', 'claimed', :actor_kind, :owner, attempt, 'claimed by id',
-           'claimed', queue, extract(epoch FROM claimed_at - ready_at) FROM claimed
+           'claimed', queue, extract(epoch FROM claimed_at - ready_at), updated_at FROM claimed
 )
 SELECT * FROM claimed;
 
 -- name: heartbeat
 -- Extend the lease of todo :id (owner :owner, lease :lease) to :ttl seconds from now.
--- Succeeds on a lapsed lease the reaper has not yet taken, as SQS does.
-WITH beat AS (
-    UPDATE todos
-    SET lease_expires_at = clock_timestamp() + make_interval(secs => :ttl),
-        heartbeat_at = clock_timestamp(), updated_at = clock_timestamp()
-    -- include: held_by_caller
-    RETURNING *
-), logged AS (
-    -- include: history_insert
-    SELECT id, 'claimed', 'claimed', :actor_kind, :owner, attempt, 'heartbeat', 'heartbeat', queue, NULL FROM beat
-)
-SELECT * FROM beat;
+-- Succeeds on a lapsed lease the reaper has not yet taken, as SQS does. No history row:
+-- the row holds the last heartbeat (heartbeat_at), and a lease's run ends in a row that
+-- says how long it ran (DESIGN.md, "History": no more history than the row cannot hold).
+UPDATE todos
+SET lease_expires_at = clock_timestamp() + make_interval(secs => :ttl),
+    heartbeat_at = clock_timestamp(), updated_at = clock_timestamp()
+-- include: held_by_caller
+RETURNING *;
 
 -- name: release
 -- Give todo :id back (owner :owner, lease :lease). The attempt stays counted, as in SQS.
@@ -183,7 +181,7 @@ WITH released AS (
 ), logged AS (
     -- include: history_insert
     SELECT id, 'claimed', 'pending', :actor_kind, :owner, attempt, 'released',
-           'released', queue, extract(epoch FROM updated_at - claimed_at) FROM released
+           'released', queue, extract(epoch FROM updated_at - claimed_at), updated_at FROM released
 )
 SELECT * FROM released;
 
@@ -202,7 +200,7 @@ WITH given AS (
     -- include: history_insert
     SELECT id, 'claimed', 'pending', 'agent', :owner, attempt,
            'given back: the claimer disconnected before the claim reached it (attempt not counted)',
-           'given_back', queue, NULL FROM given
+           'given_back', queue, NULL, updated_at FROM given
 )
 SELECT * FROM given;
 
@@ -223,7 +221,7 @@ WITH held AS (
 ), logged AS (
     -- include: history_insert
     SELECT id, 'claimed', state, :actor_kind, :owner, attempt, :error,
-           'failed', queue, extract(epoch FROM updated_at - claimed_at) FROM failed
+           'failed', queue, extract(epoch FROM updated_at - claimed_at), updated_at FROM failed
 )
 SELECT * FROM failed;
 
@@ -247,7 +245,7 @@ WITH expired AS (
 ), logged AS (
     -- include: history_insert
     SELECT id, 'claimed', state, 'system', 'reaper', attempt, last_error,
-           'reaped', queue, extract(epoch FROM updated_at - claimed_at) FROM reaped
+           'reaped', queue, extract(epoch FROM updated_at - claimed_at), updated_at FROM reaped
 )
 SELECT * FROM reaped;
 
@@ -276,7 +274,8 @@ WITH due AS (
     RETURNING t.*
 ), logged AS (
     -- include: history_insert
-    SELECT id, 'pending', 'pending', 'system', 'reaper', attempt, 'retry due', 'retry_due', queue, NULL
+    SELECT id, 'pending', 'pending', 'system', 'reaper', attempt, 'retry due', 'retry_due', queue, NULL,
+           updated_at
     FROM promoted
 )
 SELECT count(*)::int AS promoted, coalesce(array_agg(DISTINCT queue), '{}') AS queues FROM promoted;
@@ -333,7 +332,7 @@ WITH released AS (
     -- include: history_insert
     SELECT u.id, 'claimed', 'pending', :actor_kind, :actor, u.attempt,
            'lease force-released (was held by ' || r.owner || ')',
-           'force_released', u.queue, extract(epoch FROM u.updated_at - u.claimed_at)
+           'force_released', u.queue, extract(epoch FROM u.updated_at - u.claimed_at), u.updated_at
     FROM updated u JOIN released r USING (id)
 )
 SELECT * FROM updated;
@@ -388,7 +387,8 @@ WITH held AS (
     -- include: history_insert
     SELECT id, was, 'failed', :actor_kind, :actor, attempt,
            'cancelled' || coalesce(': ' || :reason, ''),
-           'cancelled', queue, CASE WHEN was = 'claimed' THEN extract(epoch FROM completed_at - claimed_at) END
+           'cancelled', queue, CASE WHEN was = 'claimed' THEN extract(epoch FROM completed_at - claimed_at) END,
+           updated_at
     FROM cancelled
 )
 SELECT * FROM cancelled;
@@ -404,7 +404,8 @@ WITH due AS (
     RETURNING *
 ), logged AS (
     -- include: history_insert
-    SELECT id, 'pending', 'pending', :actor_kind, :actor, attempt, 'run now', 'run_now', queue, NULL FROM due
+    SELECT id, 'pending', 'pending', :actor_kind, :actor, attempt, 'run now', 'run_now', queue, NULL, updated_at
+    FROM due
 )
 SELECT * FROM due;
 
@@ -434,8 +435,8 @@ WITH held AS (
                          THEN jsonb_build_array(h.assignee, t.assignee) END)) AS changes
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note, changes,
-                              event, queue, elapsed)
-    SELECT id, state, state, :actor_kind, :actor, attempt, 'edited', changes, 'edited', queue, NULL
+                              event, queue, elapsed, at)
+    SELECT id, state, state, :actor_kind, :actor, attempt, 'edited', changes, 'edited', queue, NULL, updated_at
     FROM changed
 )
 SELECT * FROM changed;
@@ -460,8 +461,9 @@ WITH edited AS (
     RETURNING *
 ), logged AS (
     INSERT INTO todo_history (todo_id, from_state, to_state, actor_kind, actor, attempt, note, changes,
-                              event, queue, elapsed)
-    SELECT id, state, state, :actor_kind, :actor, attempt, :note, :changes::text::jsonb, 'edited', queue, NULL
+                              event, queue, elapsed, at)
+    SELECT id, state, state, :actor_kind, :actor, attempt, :note, :changes::text::jsonb, 'edited', queue, NULL,
+           updated_at
     FROM edited
 )
 SELECT * FROM edited;

@@ -159,7 +159,7 @@ async def _claim(store: Store, me: str, todo_id: str, _form, ttl: float) -> str:
 
 
 async def _extend(store: Store, me: str, todo_id: str, form, ttl: float) -> str:
-    todo = await store.heartbeat(todo_id, me, _lease(form), ttl, actor_kind="operator")
+    todo = await store.heartbeat(todo_id, me, _lease(form), ttl)
     return f"{_named(todo)} is yours for {duration(ttl)} from now"
 
 
