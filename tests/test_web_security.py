@@ -13,6 +13,7 @@ import re
 
 from dashboard.accounts import Accounts
 from dashboard.web import pages
+from dashboard.web.csrf import CSRFMiddleware
 from tests.factories import (
     agent_token,
     claimed,
@@ -135,6 +136,25 @@ async def test_logging_out_needs_the_csrf_token_too(client, pool):
     response = await post(client, "/logout", token)
     assert response.status_code == 303
     assert (await client.get("/", follow_redirects=False)).status_code == 303
+
+
+# Routes no browser session reaches: bearer tokens (the agent API, /mcp) or nothing at all.
+WITHOUT_COOKIES = ("/api/", "/mcp", "/healthz", "/readyz", "/metrics", "/static")
+
+
+async def test_the_csrf_check_covers_every_dashboard_route_and_none_without_cookies(app):
+    """The middleware sits on the dashboard's routers only (app.py): a dashboard route added
+    outside them would go unchecked, and the agent API would pay for a check it never needs."""
+    covered: dict[str, bool] = {}
+    for route in app.routes:
+        handlers = getattr(route, "route_handlers", None) or [route.route_handler]
+        for handler in handlers:
+            checked = any(isinstance(m, CSRFMiddleware) for m in handler.resolve_middleware())
+            covered[route.path] = covered.get(route.path, checked) and checked
+    assert covered["/login"] and covered["/logout"] and covered["/todos/{todo_id:str}/retry"]
+    assert not covered["/api/v1/claims"] and not covered["/api/v1/todos/{todo_id:str}/complete"]
+    wrong = {path for path, checked in covered.items() if checked == path.startswith(WITHOUT_COOKIES)}
+    assert not wrong, wrong
 
 
 PAGES = [

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from litestar import Litestar, Request, Router, get
-from litestar.datastructures import CacheControlHeader, MutableScopeHeaders, State
+from litestar.datastructures import CacheControlHeader, State
 from litestar.di import Provide
 from litestar.file_system import BaseLocalFileSystem
 from litestar.openapi import OpenAPIConfig
@@ -27,6 +27,7 @@ from litestar.types import Message, PathType, Scope
 from litestar.types.file_types import FileInfo
 from prometheus_client import disable_created_metrics
 
+from dashboard import logs
 from dashboard.accounts import Accounts
 from dashboard.config import Settings
 from dashboard.control import Control
@@ -59,6 +60,13 @@ CSP = (
     "connect-src 'self'; frame-ancestors 'none'; base-uri 'self'; form-action 'self'"
 )
 DOCS_PATH = "/api/v1/docs"
+SECURITY_HEADERS = (
+    (b"content-security-policy", CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+    (b"x-frame-options", b"DENY"),
+)
+HSTS_HEADER = (b"strict-transport-security", HSTS.encode())
 
 
 @dataclass
@@ -91,13 +99,11 @@ async def security_headers(message: Message, scope: Scope) -> None:
     A before_send hook, so it also covers responses made by the app-level exception
     handler (a refused CSRF token, say), which middleware would not see."""
     if message["type"] == "http.response.start":
-        headers = MutableScopeHeaders.from_message(message)
-        headers["Content-Security-Policy"] = CSP
-        headers["X-Content-Type-Options"] = "nosniff"
-        headers["Referrer-Policy"] = "same-origin"
-        headers["X-Frame-Options"] = "DENY"
+        # Appended as made once: no handler sets any of these itself.
+        headers = message.setdefault("headers", [])
+        headers.extend(SECURITY_HEADERS)
         if is_https(scope):
-            headers["Strict-Transport-Security"] = HSTS
+            headers.append(HSTS_HEADER)
 
 
 class StaticFiles(BaseLocalFileSystem):
@@ -171,19 +177,28 @@ def create_app(dsn: str, config: WebConfig, *, reaper: bool = True, pool_size: i
             app.state.services.stats.close()
             await hub.stop()
             await pool.close()
+            logs.flush()  # the access log's last lines, before the process goes
 
     return Litestar(
         route_handlers=[
             *health.ROUTES,
             prometheus.metrics_route(settings),
-            *login.ROUTES,
+            # The dashboard: the only routes with cookies, so the only ones CSRF checks (the
+            # agent API, the probes, /metrics and /mcp take bearer tokens or nothing).
             Router(
                 "/",
-                route_handlers=[*pages.ROUTES, events],
-                before_request=require_login,
+                route_handlers=[
+                    *login.ROUTES,
+                    Router(
+                        "/",
+                        route_handlers=[*pages.ROUTES, events],
+                        before_request=require_login,
+                        request_max_body_size=FORM_BODY,
+                        cache_control=CacheControlHeader(no_store=True),  # payloads, names: never in a cache
+                    ),
+                ],
+                middleware=[CSRFMiddleware()],
                 include_in_schema=False,
-                request_max_body_size=FORM_BODY,
-                cache_control=CacheControlHeader(no_store=True),  # payloads, names: never in a cache
             ),
             api.router,
             mcp.route,
@@ -208,7 +223,7 @@ def create_app(dsn: str, config: WebConfig, *, reaper: bool = True, pool_size: i
         ),
         plugins=[HTMXPlugin()],
         before_send=[security_headers, save_flash],
-        middleware=[access_log(settings.log_format == "json"), CSRFMiddleware()],
+        middleware=[access_log(settings.log_format == "json")],
         openapi_config=OpenAPIConfig(
             title="switchboard agent API",
             version="1",
