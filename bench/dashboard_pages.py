@@ -492,9 +492,9 @@ FROM queue_rollups GROUP BY grain, at
 """
 SEED_AGENT_ROLLUPS = f"""
 INSERT INTO agent_rollups (agent, at, claimed, completed, failed,
-                           last_claim_at, last_heartbeat_at, last_ack_at)
+                           last_claim_at, last_ack_at)
 SELECT 'agent-' || a, at, n, n - n / 50, n / 50,
-       at + interval '58 seconds', at + interval '50 seconds', at + interval '59 seconds'
+       at + interval '58 seconds', at + interval '59 seconds'
 FROM generate_series(0, {AGENTS - 1}) AS a,
      generate_series($1::timestamptz, $2::timestamptz, interval '1 minute') AS at,
      LATERAL (SELECT round($3 * {LOAD} * (0.8 + 0.4 * random()))::int AS n) AS c
