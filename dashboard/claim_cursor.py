@@ -56,6 +56,8 @@ class ClaimCursors:
 
     @staticmethod
     def key(owner: str, queues: Sequence[str]) -> Key:
+        if len(queues) == 1:  # the usual claimer, without sorting
+            return owner, (queues[0],)
         return owner, tuple(sorted(set(queues)))
 
     def start(self, key: Key) -> tuple[int, datetime | None]:

@@ -18,7 +18,7 @@ import re
 from importlib.resources import files
 from typing import Any
 
-from dashboard.db import connection
+from dashboard.db import connection, run
 
 QUERIES_DIR = files("dashboard") / "sql" / "queries"
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
@@ -51,35 +51,36 @@ class Statement:
 
     def args(self, values: dict[str, Any]) -> list[Any]:
         """The positional arguments for `values`, which must name every parameter, and only those."""
-        if len(values) != len(self.params) or not all(p in values for p in self.params):
-            missing = sorted(set(self.params) - set(values))
-            unknown = sorted(set(values) - set(self.params))
-            raise TypeError(f"{self.name}: missing {missing}, unknown {unknown}")
-        return [values[p] for p in self.params]
+        if len(values) == len(self.params):
+            try:  # as many names as parameters, each one found: exactly the parameters
+                return [values[p] for p in self.params]
+            except KeyError:
+                pass
+        missing = sorted(set(self.params) - set(values))
+        unknown = sorted(set(values) - set(self.params))
+        raise TypeError(f"{self.name}: missing {missing}, unknown {unknown}")
+
+    # Each runs on a connection as db.connection() gives it (db.run): a lost, starting or
+    # read-only server becomes DatabaseUnavailable, and the connection it broke is not
+    # reused. asyncpg prepares a text once per connection and reuses the prepared
+    # statement (its statement cache, keyed by the text, which never varies here).
 
     async def fetch(self, db, **values) -> list:
-        return await self._run(db, "fetch", values)
+        return await run(db, "fetch", self.sql, self.args(values))
 
     async def fetchrow(self, db, **values):
-        return await self._run(db, "fetchrow", values)
+        return await run(db, "fetchrow", self.sql, self.args(values))
 
     async def fetchval(self, db, **values):
-        return await self._run(db, "fetchval", values)
+        return await run(db, "fetchval", self.sql, self.args(values))
 
     async def execute(self, db, **values) -> str:
-        return await self._run(db, "execute", values)
+        return await run(db, "execute", self.sql, self.args(values))
 
     async def executemany(self, db, rows: list[dict[str, Any]]) -> None:
         """The statement once per row of values, pipelined in one round trip."""
         async with connection(db) as conn:
             await conn.executemany(self.sql, [self.args(row) for row in rows])
-
-    async def _run(self, db, method: str, values: dict[str, Any]):
-        """On a connection from db.connection(): a lost, starting or read-only server
-        becomes DatabaseUnavailable, and the connection it broke is not reused."""
-        args = self.args(values)
-        async with connection(db) as conn:
-            return await getattr(conn, method)(self.sql, *args)
 
     def __repr__(self) -> str:
         return f"<Statement {self.name}({', '.join(self.params)})>"

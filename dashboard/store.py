@@ -246,7 +246,9 @@ class Store(Writer):
         scope: Scope | None = None,
     ) -> Todo:
         """Extend the lease to ttl seconds from now (no history row: the row holds it)."""
-        record = await SQL.heartbeat.fetchrow(self.db, **_held(todo_id, owner, lease, scope), ttl=check_ttl(ttl))
+        record = await SQL.heartbeat.fetchrow(
+            self.db, **_held(todo_id, owner, lease, scope), ttl=check_ttl(ttl)
+        )
         return await self._one(record, todo_id, "heartbeat", owner, lease, scope)
 
     async def release(
@@ -286,7 +288,10 @@ class Store(Writer):
     ) -> Todo:
         record = await SQL.complete.fetchrow(
             self.db,
-            **_held(todo_id, owner, lease, scope),
+            id=check_id(todo_id),
+            owner=_owner(owner),
+            lease=check_lease(lease),
+            scope=scope_queues(scope),
             result=_result(result),
             actor_kind=_holder(actor_kind),
         )
