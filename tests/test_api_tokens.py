@@ -49,6 +49,18 @@ async def test_requests_without_a_token_are_401_problems_and_change_nothing(
     assert await snapshot(module_pool) == before
 
 
+async def test_the_token_is_checked_before_the_body_is_read(api_client, module_store):
+    """Without a token, a body that is not JSON, or not a claim, is still a 401: an unknown
+    caller learns nothing about what the API would take."""
+    todo = await enqueue(module_store, "work", "t")
+    json_type = {"content-type": "application/json"}
+    for url in (f"{API}/claims", f"{API}/todos/{todo.id}/complete"):
+        for content in (b"{not json", b'{"unknown": 1}'):
+            response = await api_client.post(url, content=content, headers=json_type)
+            problem(response, 401)
+            assert response.headers["www-authenticate"].lower().startswith("bearer")
+
+
 async def test_a_revoked_token_is_401(api_client, module_pool):
     accounts = Accounts(module_pool)
     token_id, secret = await accounts.add_token("bot", ["work"])

@@ -1,7 +1,9 @@
 """The agent API under /api/v1 (DESIGN.md, "Agent API"). The bearer token decides the
 agent's name — the owner of every claim, heartbeat and ack — and its `Scope`, the queues
-it may use, which the store checks on every call. Every handler takes one dependency, the
-`Caller` (auth.py): the agent and the services, resolved without a task group."""
+it may use, which the store checks on every call. The router's before_request hook
+(auth.py's `authenticate`) finds the `Caller` — the agent and the services — before the body
+is read, and each handler takes it from the request with `caller_of`: a dict lookup, where
+Litestar's dependency injection cost more per request than the rest of the handler."""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ from typing import Annotated, Any
 
 from litestar import Request, Response, Router, get, patch, post
 from litestar.datastructures import ResponseHeader
-from litestar.di import NamedDependency, Provide
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Example
 from litestar.params import FromPath, FromQuery, HeaderParameter, JSONBody, Parameter, QueryParameter
@@ -41,7 +42,7 @@ from dashboard.reads import (
     HistoryPage,
     TodoFilter,
 )
-from dashboard.web.auth import Caller, require_agent
+from dashboard.web.auth import Caller, authenticate, caller_of
 from dashboard.web.errors import problem_of
 from dashboard.web.live import channel_stream
 from dashboard.web.long_requests import long_requests, of_token, release_held
@@ -86,7 +87,8 @@ from dashboard.web.schemas import (
         **BAD_INPUT,
     },
 )
-async def create_todo(data: JSONBody[NewTodo], caller: NamedDependency[Caller]) -> Response[CreatedOut]:
+async def create_todo(data: JSONBody[NewTodo], request: Request) -> Response[CreatedOut]:
+    caller = caller_of(request)
     created = await caller.store.create(data, actor=Actor("agent", caller.name), scope=caller.scope)
     return Response(CreatedOut.of(created), status_code=HTTP_201_CREATED if created.created else HTTP_200_OK)
 
@@ -94,7 +96,8 @@ async def create_todo(data: JSONBody[NewTodo], caller: NamedDependency[Caller]) 
 @post(
     "/todos/batch", status_code=HTTP_200_OK, summary="Create many todos in one request", responses=BAD_INPUT
 )
-async def create_batch(data: JSONBody[BatchIn], caller: NamedDependency[Caller]) -> BatchOut:
+async def create_batch(data: JSONBody[BatchIn], request: Request) -> BatchOut:
+    caller = caller_of(request)
     actor = Actor("agent", caller.name)
     results = await caller.store.create_many(data.todos, actor=actor, scope=caller.scope)
     return BatchOut(results=[CreatedOut.of(c) for c in results])
@@ -115,16 +118,21 @@ async def create_batch(data: JSONBody[BatchIn], caller: NamedDependency[Caller])
         **BAD_INPUT,
     },
 )
-async def claim_next(
-    data: JSONBody[ClaimIn], caller: NamedDependency[Caller], request: Request
-) -> Response[TodoOut | ClaimedOut | None]:
+async def claim_next(data: JSONBody[ClaimIn], request: Request) -> Response[TodoOut | ClaimedOut | None]:
+    caller = caller_of(request)
     n = 1 if data.max is None else data.max
     if isinstance(n, bool) or not 1 <= n <= MAX_HTTP_BATCH:
         raise InvalidInput("max", f"must be a whole number from 1 to {MAX_HTTP_BATCH}")
-    async with _long(request, caller, waits=data.wait != 0) as presence:
-        todos = await caller.services.agents.claim_waiting(
-            caller.agent, data.queues, data.ttl, data.wait, n, presence=presence
+    agents = caller.services.agents
+    if data.wait == 0:  # the busy agent's hot path: takes no slot, and nobody is watched (_long)
+        todos = await agents.claim_waiting(
+            caller.agent, data.queues, data.ttl, data.wait, n, presence=Presence()
         )
+    else:
+        async with _long(request, caller, waits=True) as presence:
+            todos = await agents.claim_waiting(
+                caller.agent, data.queues, data.ttl, data.wait, n, presence=presence
+            )
     if data.max is not None:
         return Response(ClaimedOut(todos=[TodoOut.of(t) for t in todos]), status_code=HTTP_200_OK)
     if not todos:
@@ -152,7 +160,8 @@ async def _long(request: Request, caller: Caller, *, waits: bool) -> AsyncIterat
     "changing nothing.",
     responses=BAD_INPUT,
 )
-async def acks(data: JSONBody[AcksIn], caller: NamedDependency[Caller]) -> AcksOut:
+async def acks(data: JSONBody[AcksIn], request: Request) -> AcksOut:
+    caller = caller_of(request)
     if not 1 <= len(data.acks) <= MAX_HTTP_BATCH:
         raise InvalidInput("acks", f"give 1 to {MAX_HTTP_BATCH} acks")
     items = []
@@ -180,31 +189,27 @@ def _on_todo(action: str, **options: Any) -> Callable:
 
 
 @_on_todo("claim", summary="Claim one todo by id")
-async def claim(
-    todo_id: FromPath[str], data: JSONBody[ClaimByIdIn], caller: NamedDependency[Caller]
-) -> TodoOut:
+async def claim(todo_id: FromPath[str], data: JSONBody[ClaimByIdIn], request: Request) -> TodoOut:
+    caller = caller_of(request)
     return TodoOut.of(await caller.store.claim(todo_id, caller.name, data.ttl, scope=caller.scope))
 
 
 @_on_todo("heartbeat", summary="Extend the lease")
-async def heartbeat(
-    todo_id: FromPath[str], data: JSONBody[HeartbeatIn], caller: NamedDependency[Caller]
-) -> TodoOut:
+async def heartbeat(todo_id: FromPath[str], data: JSONBody[HeartbeatIn], request: Request) -> TodoOut:
+    caller = caller_of(request)
     todo = await caller.store.heartbeat(todo_id, caller.name, data.lease, data.ttl, scope=caller.scope)
     return TodoOut.of(todo)
 
 
 @_on_todo("release", summary="Give the todo back")
-async def release(
-    todo_id: FromPath[str], data: JSONBody[ReleaseIn], caller: NamedDependency[Caller]
-) -> TodoOut:
+async def release(todo_id: FromPath[str], data: JSONBody[ReleaseIn], request: Request) -> TodoOut:
+    caller = caller_of(request)
     return TodoOut.of(await caller.store.release(todo_id, caller.name, data.lease, scope=caller.scope))
 
 
 @_on_todo("complete", summary="Complete the todo (and, with `next`, claim the next one in the same commit)")
-async def complete(
-    todo_id: FromPath[str], data: JSONBody[CompleteIn], caller: NamedDependency[Caller]
-) -> CompleteOut:
+async def complete(todo_id: FromPath[str], data: JSONBody[CompleteIn], request: Request) -> CompleteOut:
+    caller = caller_of(request)
     if data.next is None:
         done = await caller.store.complete(todo_id, caller.name, data.lease, data.result, scope=caller.scope)
         return CompleteOut(todo=TodoOut.of(done))
@@ -215,7 +220,8 @@ async def complete(
 
 
 @_on_todo("fail", summary="Fail this attempt: retried later below max_attempts, dead-lettered at the cap")
-async def fail(todo_id: FromPath[str], data: JSONBody[FailIn], caller: NamedDependency[Caller]) -> FailOut:
+async def fail(todo_id: FromPath[str], data: JSONBody[FailIn], request: Request) -> FailOut:
+    caller = caller_of(request)
     todo = await caller.store.fail(todo_id, caller.name, data.lease, data.error, scope=caller.scope)
     return FailOut.of(todo)
 
@@ -248,7 +254,6 @@ def _tagged(body, todo: Todo) -> Response:
 )
 async def get_todo(
     todo_id: FromPath[str],
-    caller: NamedDependency[Caller],
     request: Request,
     wait: Annotated[
         str,
@@ -258,6 +263,7 @@ async def get_todo(
         ),
     ] = "0",
 ) -> Response[TodoDetailOut]:
+    caller = caller_of(request)
     seconds = _seconds(wait)
     async with _long(request, caller, waits=seconds != 0) as presence:
         detail = await caller.services.agents.wait_for(caller.agent, todo_id, seconds, presence=presence)
@@ -275,10 +281,11 @@ async def get_todo(
 )
 async def todo_history(
     todo_id: FromPath[str],
-    caller: NamedDependency[Caller],
+    request: Request,
     before: Annotated[int | None, Parameter(description="the `id` of a step: only steps before it")] = None,
     limit: Annotated[int, Parameter(ge=1, le=HISTORY_PAGE_MAX)] = HISTORY_SHOWN,
 ) -> HistoryPage:
+    caller = caller_of(request)
     return await caller.services.reads.history(todo_id, before=before, limit=limit, scope=caller.scope)
 
 
@@ -302,7 +309,7 @@ def _seconds(text: str) -> float | str:
     responses=BAD_INPUT,
 )
 async def list_todos(
-    caller: NamedDependency[Caller],
+    request: Request,
     queue: FromQuery[str | None] = None,
     state_filter: Annotated[
         str | None, QueryParameter(name="state", description=f"one of {', '.join(LIST_STATES)}")
@@ -321,6 +328,7 @@ async def list_todos(
     limit: Annotated[int, Parameter(ge=1, le=MAX_PAGE)] = 50,
     after: Annotated[str | None, Parameter(description="the `next` of the previous page")] = None,
 ) -> TodoPage:
+    caller = caller_of(request)
     filters = TodoFilter(
         queue=queue,
         state=state_filter,
@@ -344,7 +352,6 @@ async def list_todos(
     responses=BAD_INPUT,
 )
 async def channels(
-    caller: NamedDependency[Caller],
     request: Request,
     queues: Annotated[
         str | None,
@@ -353,6 +360,7 @@ async def channels(
         ),
     ] = None,
 ) -> ServerSentEvent:
+    caller = caller_of(request)
     names = check_queues([q.strip() for q in (queues or "").split(",") if q.strip()])
     caller.scope.check(names)
     long_requests(request.scope).hold(request.scope, of_token(caller.scope.token_id))
@@ -378,8 +386,9 @@ def _agent(caller: Caller) -> Actor:
     responses=ON_QUEUE,
 )
 async def pause_queue(
-    queue: FromPath[str], caller: NamedDependency[Caller], data: JSONBody[ReasonIn | None] = None
+    queue: FromPath[str], request: Request, data: JSONBody[ReasonIn | None] = None
 ) -> QueuePause:
+    caller = caller_of(request)
     reason = data.reason if data else None
     return await caller.control.pause(queue, _agent(caller), reason, scope=caller.scope)
 
@@ -394,8 +403,9 @@ async def pause_queue(
     responses=ON_QUEUE,
 )
 async def resume_queue(
-    queue: FromPath[str], caller: NamedDependency[Caller], data: JSONBody[ReasonIn | None] = None
+    queue: FromPath[str], request: Request, data: JSONBody[ReasonIn | None] = None
 ) -> ResumedOut:
+    caller = caller_of(request)
     reason = data.reason if data else None
     resumed = await caller.control.resume(queue, _agent(caller), reason, scope=caller.scope)
     return ResumedOut(queue=queue, resumed=resumed)
@@ -410,9 +420,8 @@ async def resume_queue(
     "sends is stored. A done or failed todo answers 409. It can be retried like any dead-letter. "
     "The body (`reason`) may be left out.",
 )
-async def cancel(
-    todo_id: FromPath[str], caller: NamedDependency[Caller], data: JSONBody[ReasonIn | None] = None
-) -> TodoOut:
+async def cancel(todo_id: FromPath[str], request: Request, data: JSONBody[ReasonIn | None] = None) -> TodoOut:
+    caller = caller_of(request)
     reason = data.reason if data else None
     return TodoOut.of(await caller.control.cancel(todo_id, _agent(caller), reason, scope=caller.scope))
 
@@ -424,9 +433,8 @@ async def cancel(
     "once (its claimers are woken). A todo that is already ready, or not pending, answers 409. "
     "The body may be left out (or `{}`).",
 )
-async def run_now(
-    todo_id: FromPath[str], caller: NamedDependency[Caller], data: JSONBody[EmptyIn | None] = None
-) -> TodoOut:
+async def run_now(todo_id: FromPath[str], request: Request, data: JSONBody[EmptyIn | None] = None) -> TodoOut:
+    caller = caller_of(request)
     return TodoOut.of(await caller.control.run_now(todo_id, _agent(caller), scope=caller.scope))
 
 
@@ -469,7 +477,7 @@ def _if_match(header: str | None) -> str | None:
 async def edit_todo(
     todo_id: FromPath[str],
     data: JSONBody[TodoEdit],
-    caller: NamedDependency[Caller],
+    request: Request,
     retry: Annotated[
         bool, QueryParameter(description="also retry the (dead) todo, in the same transaction")
     ] = False,
@@ -484,6 +492,7 @@ async def edit_todo(
         ),
     ] = None,
 ) -> Response[TodoOut]:
+    caller = caller_of(request)
     version = _if_match(if_match)
     todo = await caller.control.edit(
         todo_id, _agent(caller), data, retry=retry, version=version, scope=caller.scope
@@ -513,7 +522,7 @@ router = Router(
         list_todos,
         channels,
     ],
-    dependencies={"caller": Provide(require_agent)},
+    before_request=authenticate,
     security=[{"bearer": []}],  # the docs page's "Authorize" takes an agent token
     tags=["agents"],
 )

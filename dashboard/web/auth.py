@@ -76,9 +76,9 @@ async def operators_only(connection: ASGIConnection, _: BaseRouteHandler) -> Non
 
 @dataclass(slots=True)
 class Caller:
-    """An API request's agent (from its bearer token) and the app's services. API handlers
-    take this one dependency: Litestar resolves two or more in an anyio task group per
-    request, which cost more than the handler's own work."""
+    """An API request's agent (from its bearer token) and the app's services: found once per
+    request by `authenticate`, not injected (Litestar's dependency resolution cost more per
+    request than the handler's own work)."""
 
     agent: Agent
     services: Services
@@ -102,8 +102,8 @@ class Caller:
 
 async def require_agent(request: Request) -> Caller:
     """The agent whose bearer token came with the request, with the services its handler
-    uses (the API routes' only dependency)."""
-    header = request.headers.get("authorization", "")
+    uses (for the API's `authenticate` and for /mcp)."""
+    header = _authorization(request.scope)
     scheme, _, secret = header.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         raise NotAuthorizedException("send Authorization: Bearer <token>")
@@ -113,3 +113,26 @@ async def require_agent(request: Request) -> Caller:
         known.limits.token_failed(request.client.host if request.client else "")  # 429 once too many
         raise NotAuthorizedException("the token is unknown or revoked")
     return Caller(agent, known)
+
+
+def _authorization(scope: Any) -> str:
+    """The request's first Authorization header, read from the ASGI scope (whose header names
+    are lower case) without building Litestar's Headers for it."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            return value.decode("latin-1")
+    return ""
+
+
+CALLER = "switchboard.caller"  # the request scope's key for its Caller
+
+
+async def authenticate(request: Request) -> None:
+    """before_request of the agent API's routes: the request's Caller, kept in its scope
+    (401 without a valid token, before the body is read)."""
+    request.scope[CALLER] = await require_agent(request)  # type: ignore[literal-required]
+
+
+def caller_of(request: Request) -> Caller:
+    """The Caller `authenticate` found for this request."""
+    return request.scope[CALLER]  # type: ignore[literal-required]
