@@ -205,9 +205,7 @@ class Store(Writer):
     ) -> list[Todo]:
         """Claim up to n todos in one statement, in claim order (highest priority, then
         longest ready, first)."""
-        queues = _claimable_from(queues, scope)
-        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_BATCH:
-            raise InvalidInput("n", f"batches hold 0 to {MAX_BATCH} todos")
+        queues, n = _claimable_from(queues, scope), _batch(n)
         owner, ttl = _owner(owner), check_ttl(ttl)
         records = await self._claiming(
             owner,
@@ -334,27 +332,53 @@ class Store(Writer):
         the todo, or why that one was refused (a stale lease is its Conflict, and the
         others still go through). Completions take one statement; failures one each.
         Malformed input (or a todo named twice) refuses the whole call, before any change."""
-        _owner(owner)
-        if len(acks) > MAX_BATCH:
-            raise InvalidInput("acks", f"batches hold up to {MAX_BATCH} acks")
-        checked = [_checked_ack(i, ack) for i, ack in enumerate(acks)]
-        if len({ack.id for ack in checked}) < len(checked):
-            raise InvalidInput("acks", "the same todo appears twice")
+        owner, checked = _owner(owner), _checked_acks(acks)
         completing = [ack for ack in checked if ack.error is None]
-        answers: dict[str, Todo | SwitchboardError] = {}
+        records = []
         if completing:
             records = await SQL.complete_many.fetch(
-                self.db,
-                ids=[ack.id for ack in completing],
-                leases=[ack.lease for ack in completing],
-                results=[ack.result for ack in completing],
-                owner=owner,
-                scope=scope_queues(scope),
-                all_or_none=False,
+                self.db, **_listed(completing), owner=owner, scope=scope_queues(scope), all_or_none=False
             )
-            done = await self._after_transition(records)
-            metrics.completed(done)
-            answers.update((todo.id, todo) for todo in done)
+        return await self._answered(owner, checked, records, scope)
+
+    async def ack_and_claim(
+        self, owner: str, acks: Sequence[Ack], queues: Sequence[str], ttl: float, n: int
+    ) -> tuple[list[Todo | SwitchboardError], list[Todo]]:
+        """ack_many, and claim_batch of up to `n` more, in one round trip: the completions
+        and the claim are one statement and one commit (the Python Worker's, whose handlers
+        free their slots as they finish); failures follow one each, as in ack_many."""
+        owner, checked = _owner(owner), _checked_acks(acks)
+        queues, ttl, n = _claimable_from(queues, None), check_ttl(ttl), _batch(n)
+        listed = _listed([ack for ack in checked if ack.error is None])
+        records = await self._claiming(
+            owner,
+            queues,
+            lambda rank, after: SQL.complete_many_and_claim.fetch(
+                self.db,
+                **listed,
+                owner=owner,
+                scope=None,
+                all_or_none=False,
+                queues=queues,
+                ttl=ttl,
+                n=n,
+                rank=rank,
+                after=after,
+            ),
+        )
+        claimed = [Todo.from_record(r) for r in records if r["part"] == "claimed"]
+        metrics.claimed(claimed)
+        done = [r for r in records if r["part"] == "completed"]
+        return await self._answered(owner, checked, done, None), claimed
+
+    async def _answered(
+        self, owner: str, checked: list[Ack], completed: list, scope: Scope | None
+    ) -> list[Todo | SwitchboardError]:
+        """The answers of ack_many, in input order, once the completions' statement
+        returned `completed`: the failures are made one each, the misses classified."""
+        done = await self._after_transition(completed)
+        metrics.completed(done)
+        answers: dict[str, Todo | SwitchboardError] = {todo.id: todo for todo in done}
         for ack in checked:
             if ack.id in answers:
                 continue
@@ -510,6 +534,31 @@ def _held(todo_id: Any, owner: Any, lease: Any, scope: Scope | None) -> dict[str
         "lease": check_lease(lease),
         "scope": scope_queues(scope),
     }
+
+
+def _checked_acks(acks: Sequence[Ack]) -> list[Ack]:
+    """`acks` checked (ack_many): at most MAX_BATCH, each todo once."""
+    if len(acks) > MAX_BATCH:
+        raise InvalidInput("acks", f"batches hold up to {MAX_BATCH} acks")
+    checked = [_checked_ack(i, ack) for i, ack in enumerate(acks)]
+    if len({ack.id for ack in checked}) < len(checked):
+        raise InvalidInput("acks", "the same todo appears twice")
+    return checked
+
+
+def _listed(completing: list[Ack]) -> dict[str, list]:
+    """complete_listed's parameters (fragments.sql) for these completions."""
+    return {
+        "ids": [ack.id for ack in completing],
+        "leases": [ack.lease for ack in completing],
+        "results": [ack.result for ack in completing],
+    }
+
+
+def _batch(n: Any) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_BATCH:
+        raise InvalidInput("n", f"batches hold 0 to {MAX_BATCH} todos")
+    return n
 
 
 def _checked_ack(i: int, ack: Ack) -> Ack:

@@ -7,10 +7,12 @@
 
 It claims from its queues, waits on NOTIFY hints (polling every `poll_interval` seconds
 in case a hint never comes), heartbeats while the handler runs, completes with the
-handler's return value and fails with the exception text. Acks go in batches: those of
-handlers that finish while one batch is on its way go together in the next (one
-statement for the completions, Store.ack_many), and slots freed together are claimed
-together, so a busy worker spends a fraction of a statement per todo, not two. On SIGTERM or SIGINT it stops
+handler's return value and fails with the exception text. A busy worker works in
+batches: the slots of handlers that end together are claimed again in one statement, and
+that statement also completes what they returned (Store.ack_and_claim: one round trip and
+one commit for both); acks that come while the queues are empty go on their own, those
+that come while one batch is on its way together in the next. So a worker fed faster than
+it works spends a fraction of a statement per todo, not two. On SIGTERM or SIGINT it stops
 claiming, gives running handlers `grace` seconds to finish, then releases what it holds.
 
 A todo cancelled while it runs (an operator's cancel: it is already failed, as cancelled)
@@ -82,7 +84,7 @@ class Worker:
         self._hints: Subscription | None = None
         self._running: dict[asyncio.Task, Todo] = {}  # each until its todo is acked
         self._handlers = 0  # handlers running: the slots taken
-        self._freed = asyncio.Event()  # a handler ended
+        self._wake = asyncio.Event()  # a handler ended, or an ack came
         self._backoff = Backoff()  # between failed claims while the database is away
 
     def stop(self) -> None:
@@ -101,7 +103,7 @@ class Worker:
         await hub.start()
         self._hints = hub.subscribe(self.queues)
         store = Store(pool, hints=hub)  # its releases and fails hint other processes
-        self._acks = Acks(store, self.owner)
+        self._acks = Acks(store, self.owner, self._wake)
         try:
             await self._claim_loop(store, self._hints)
             await self._drain()
@@ -111,32 +113,65 @@ class Worker:
             await pool.close()
 
     async def _claim_loop(self, store: Store, hints: Subscription) -> None:
-        while not self._stopping.is_set():
-            free = self.concurrency - self._handlers
-            if free <= 0:  # every slot busy: wait for one to free up, or for stop()
-                self._freed.clear()
-                waits = [asyncio.create_task(self._freed.wait()), asyncio.create_task(self._stopping.wait())]
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                for wait in waits:
-                    wait.cancel()
-                await self._finishing_together()
-                continue
-            hints.take()
-            try:
-                todos = await store.claim_batch(self.queues, self.owner, self.ttl, free)
-            except DatabaseUnavailable as exc:
-                delay = self._backoff.next()
-                log.warning("claim failed (%s); retrying in %.1fs", exc, delay)
-                await hints.wait(delay)
-                continue
-            self._backoff.reset()
-            self._handlers += len(todos)
-            for todo in todos:
-                task = asyncio.create_task(self._process(store, todo))
-                self._running[task] = todo
-                task.add_done_callback(self._running.pop)
-            if not todos and not self._stopping.is_set():
-                await hints.wait(self.poll_interval)
+        """Claim for the free slots, taking the acks that wait along (one statement for
+        both: Store.ack_and_claim); with every slot busy, wait for one to free or an ack
+        to come. While the queues are empty it waits for a hint, and acks go on their own."""
+        self._acks.held = True
+        try:
+            while not self._stopping.is_set():
+                free = self.concurrency - self._handlers
+                if free <= 0 and not self._acks.waiting:
+                    self._wake.clear()
+                    waits = [
+                        asyncio.create_task(self._wake.wait()),
+                        asyncio.create_task(self._stopping.wait()),
+                    ]
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                    for wait in waits:
+                        wait.cancel()
+                    await self._finishing_together()
+                    continue
+                batch = self._acks.take()
+                if free <= 0:  # an ack, and no slot to claim for
+                    await self._acks.deliver(batch)
+                    continue
+                hints.take()
+                try:
+                    todos = await self._claim(store, batch, free)
+                except DatabaseUnavailable as exc:
+                    delay = self._backoff.next()
+                    log.warning("claim failed (%s); retrying in %.1fs", exc, delay)
+                    await hints.wait(delay)
+                    continue
+                self._backoff.reset()
+                self._handlers += len(todos)
+                for todo in todos:
+                    task = asyncio.create_task(self._process(store, todo))
+                    self._running[task] = todo
+                    task.add_done_callback(self._running.pop)
+                if not todos and not self._stopping.is_set():
+                    self._acks.release()  # nothing to claim: acks go on their own meanwhile
+                    await hints.wait(self.poll_interval)
+                    self._acks.held = True
+        finally:
+            self._acks.release()
+
+    async def _claim(self, store: Store, batch: list, free: int) -> list[Todo]:
+        """Up to `free` todos, and the acks of `batch` answered, in one statement."""
+        if not batch:
+            return await store.claim_batch(self.queues, self.owner, self.ttl, free)
+        try:
+            outcomes, todos = await store.ack_and_claim(
+                self.owner, [ack for ack, _ in batch], self.queues, self.ttl, free
+            )
+        except InvalidInput:  # one ack malformed (a result not JSON): those go one by one
+            await self._acks.deliver(batch)
+            return await store.claim_batch(self.queues, self.owner, self.ttl, free)
+        except Exception as exc:
+            self._acks.answer(batch, [exc] * len(batch))
+            raise
+        self._acks.answer(batch, outcomes)
+        return todos
 
     async def _finishing_together(self) -> None:
         """Let the handlers that end in the same instant (a batch claimed together, of
@@ -185,7 +220,7 @@ class Worker:
             return Ack(todo.id, todo.lease_token, error=text)
         finally:
             self._handlers -= 1
-            self._freed.set()
+            self._wake.set()
         if result is not None and not isinstance(result, dict):
             result = {"value": result}
         return Ack(todo.id, todo.lease_token, result=result)
@@ -251,39 +286,64 @@ class Worker:
 
 
 class Acks:
-    """The acks of finished handlers, sent in batches: while one batch is on its way, those
-    that come meanwhile wait and go together in the next (as a database groups commits).
-    A worker that finishes one todo at a time sends each at once, as before."""
+    """The acks of finished handlers, sent in batches. While the claim loop is busy
+    (`held`), they go with its next claim, in the same statement; otherwise a sender sends
+    them, and those that come while one batch is on its way go together in the next (as a
+    database groups commits)."""
 
-    def __init__(self, store: Store, owner: str):
+    def __init__(self, store: Store, owner: str, wake: asyncio.Event):
         self.store = store
         self.owner = owner
-        self._waiting: list[tuple[Ack, asyncio.Future]] = []
+        self.wake = wake  # the claim loop's
+        self.held = False  # the claim loop takes the waiting acks with its next claim
+        self.waiting: list[tuple[Ack, asyncio.Future]] = []
         self._sending: asyncio.Task | None = None
 
     async def send(self, ack: Ack) -> Todo:
         """The todo, acked; or what refused it (Conflict, NotFound, Cancelled), or the
         error that kept its batch from the database (DatabaseUnavailable), raised."""
         answer = asyncio.get_running_loop().create_future()
-        self._waiting.append((ack, answer))
-        if self._sending is None:  # a task of its own: a cancelled sender stops no batch
-            self._sending = asyncio.create_task(self._send_all())
+        self.waiting.append((ack, answer))
+        self.wake.set()
+        if not self.held:
+            self._send_soon()
         try:
             return await asyncio.shield(answer)
         except asyncio.CancelledError:  # the answer still comes; nobody is left to read it
             answer.add_done_callback(lambda f: f.cancelled() or f.exception())
             raise
 
+    def take(self) -> list[tuple[Ack, asyncio.Future]]:
+        batch, self.waiting = self.waiting[:MAX_BATCH], self.waiting[MAX_BATCH:]
+        return batch
+
+    def release(self) -> None:
+        """The claim loop waits or has stopped: the acks that wait go on their own."""
+        self.held = False
+        if self.waiting:
+            self._send_soon()
+
+    def answer(self, batch: list[tuple[Ack, asyncio.Future]], outcomes: list) -> None:
+        for (_, answer), outcome in zip(batch, outcomes, strict=True):
+            if answer.done():
+                continue
+            if isinstance(outcome, BaseException):
+                answer.set_exception(outcome)
+            else:
+                answer.set_result(outcome)
+
+    async def deliver(self, batch: list[tuple[Ack, asyncio.Future]]) -> None:
+        """Send `batch` alone (Store.ack_many) and answer it."""
+        self.answer(batch, await self._ack(batch))
+
+    def _send_soon(self) -> None:
+        if self._sending is None:  # a task of its own: a cancelled sender stops no batch
+            self._sending = asyncio.create_task(self._send_all())
+
     async def _send_all(self) -> None:
         try:
-            while self._waiting:
-                batch, self._waiting = self._waiting[:MAX_BATCH], self._waiting[MAX_BATCH:]
-                outcomes = await self._ack(batch)
-                for (_, answer), outcome in zip(batch, outcomes, strict=True):
-                    if isinstance(outcome, BaseException):
-                        answer.set_exception(outcome)
-                    else:
-                        answer.set_result(outcome)
+            while self.waiting and not self.held:
+                await self.deliver(self.take())
         finally:
             self._sending = None
 

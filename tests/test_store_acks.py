@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 
 from dashboard.errors import Conflict, InvalidInput, NotFound
-from dashboard.models import Actor
+from dashboard.models import Ack, Actor
 from tests.conftest import ONE_DATABASE_PER_MODULE
 from tests.factories import (
     assert_new_token,
@@ -349,3 +349,33 @@ async def test_a_plain_string_is_not_an_actor(module_control, module_store, modu
         assert exc.value.field == "actor"
     assert await todo_row(module_pool, dead.id) == dead
     assert await module_pool.fetchval("SELECT count(*) FROM todos") == 1
+
+
+async def test_ack_and_claim_acks_each_on_its_own_and_claims_in_the_same_statement(module_store, module_pool):
+    queue = "ack-and-claim"
+    done, failing, stale = [await claimed(module_store, queue) for _ in range(3)]
+    waiting = [await enqueue(module_store, queue) for _ in range(2)]
+
+    answers, got = await module_store.ack_and_claim(
+        "w1",
+        [
+            Ack(done.id, done.lease_token, result={"n": 1}),
+            Ack(failing.id, failing.lease_token, error="boom"),
+            Ack(stale.id, stale.lease_token + 1),
+        ],
+        [queue],
+        30,
+        5,
+    )
+
+    assert (answers[0].state, answers[0].result) == ("done", {"n": 1})
+    assert (answers[1].state, answers[1].last_error) == ("pending", "boom")  # retried later
+    assert isinstance(answers[2], Conflict)
+    assert [t.id for t in got] == [t.id for t in waiting] and {t.owner for t in got} == {"w1"}
+    together = await module_pool.fetchval(
+        "SELECT count(DISTINCT xmin::text) FROM todo_history"
+        " WHERE (todo_id = $1 AND event = 'completed') OR (todo_id = ANY ($2) AND event = 'claimed')",
+        done.id,
+        [t.id for t in waiting],
+    )
+    assert together == 1  # the completion and the claims: one statement, one commit

@@ -1,5 +1,5 @@
 """The Python Worker's batches (dashboard/worker.py): handlers that finish together are
-acked in one statement and their slots claimed in one, and a result the store refuses
+acked in one statement and their slots claimed in it too, and a result the store refuses
 fails only its own attempt.
 
 The Worker runs in this process on a database of the test's own; statements are told
@@ -80,6 +80,10 @@ async def test_slots_freed_together_are_claimed_in_one_statement(dsn, pool):
     # Two claims of five, not one of five and then five of one.
     claims = "SELECT xmin FROM todo_history WHERE event = 'claimed'"
     assert await statements(pool, claims) == 2
+    # The second claim completed the first five in the same statement: three in all, the
+    # first claim, the acks with the second, the last acks.
+    moves = "SELECT xmin FROM todo_history WHERE event IN ('claimed', 'completed')"
+    assert await statements(pool, moves) == 3
 
 
 async def test_a_result_the_store_refuses_fails_its_own_attempt_and_the_others_complete(dsn, pool):

@@ -100,6 +100,40 @@ open AS (
 WHERE id = :id AND state = 'claimed' AND owner = :owner AND lease_token = :lease
   AND (:scope::text[] IS NULL OR queue = ANY (:scope::text[]))
 
+-- fragment: complete_listed
+-- The CTEs of completing a list (complete_many, complete_many_and_claim): :ids with their
+-- :leases and :results (JSON text or null), each one :owner holds under that lease (and,
+-- when :scope is not null, in one of its queues), into `completed`; with :all_or_none,
+-- none unless every one is held.
+items AS (
+    SELECT * FROM unnest(:ids::text[], :leases::bigint[], :results::text[]) AS i(id, lease, result)
+), held AS (
+    SELECT t.id FROM todos t JOIN items i ON t.id = i.id
+    WHERE t.id = ANY (:ids::text[])
+      AND t.state = 'claimed' AND t.owner = :owner AND t.lease_token = i.lease
+      AND (:scope::text[] IS NULL OR t.queue = ANY (:scope::text[]))
+    FOR UPDATE OF t
+), completed AS (
+    UPDATE todos t
+    SET result = i.result::jsonb,
+        -- include: done
+    FROM items i
+    WHERE t.id = ANY (ARRAY (SELECT id FROM held)) AND t.id = i.id
+      AND (NOT :all_or_none OR (SELECT count(*) FROM held) = cardinality(:ids::text[]))
+    RETURNING t.*
+)
+
+-- fragment: completed_and_claimed_history
+-- The history rows of a statement that completed (`completed`) and claimed (`claimed`)
+-- for agent :owner (complete_and_claim_next, complete_many_and_claim).
+-- include: history_insert
+SELECT id, 'claimed'::todo_state, 'done'::todo_state, 'agent', :owner, attempt, 'completed',
+       'completed', queue, extract(epoch FROM completed_at - claimed_at)::real, updated_at
+FROM completed
+UNION ALL
+SELECT id, 'pending', 'claimed', 'agent', :owner, attempt, 'claimed',
+       'claimed', queue, extract(epoch FROM claimed_at - ready_at)::real, updated_at FROM claimed
+
 -- fragment: done
 -- What completing writes besides the result (assignments, after the statement's `SET result = …,`).
 state = 'done', lease_expires_at = NULL, heartbeat_at = NULL,

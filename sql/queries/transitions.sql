@@ -90,31 +90,36 @@ SELECT * FROM completed;
 
 -- name: complete_many
 -- complete for many todos in one statement: :ids with their :leases and :results
--- (JSON text or null), in the same order. With :all_or_none, nothing is completed unless
--- every item is held as it says (the batch worker's call); without it, each item that is
--- held is completed and the others are left for the store to classify (POST /acks).
-WITH items AS (
-    SELECT * FROM unnest(:ids::text[], :leases::bigint[], :results::text[]) AS i(id, lease, result)
-), held AS (
-    SELECT t.id FROM todos t JOIN items i ON t.id = i.id
-    WHERE t.id = ANY (:ids::text[])
-      AND t.state = 'claimed' AND t.owner = :owner AND t.lease_token = i.lease
-      AND (:scope::text[] IS NULL OR t.queue = ANY (:scope::text[]))
-    FOR UPDATE OF t
-), completed AS (
-    UPDATE todos t
-    SET result = i.result::jsonb,
-        -- include: done
-    FROM items i
-    WHERE t.id = ANY (ARRAY (SELECT id FROM held)) AND t.id = i.id
-      AND (NOT :all_or_none OR (SELECT count(*) FROM held) = cardinality(:ids::text[]))
-    RETURNING t.*
-), logged AS (
+-- (JSON text or null), in the same order (complete_listed). With :all_or_none, nothing is
+-- completed unless every item is held as it says (the batch worker's call); without it,
+-- each item that is held is completed and the others are left for the store to classify
+-- (POST /acks).
+WITH
+-- include: complete_listed
+, logged AS (
     -- include: history_insert
     SELECT id, 'claimed', 'done', 'agent', :owner, attempt, 'completed',
            'completed', queue, extract(epoch FROM completed_at - claimed_at), updated_at FROM completed
 )
 SELECT * FROM completed;
+
+-- name: complete_many_and_claim
+-- The Python Worker's round trip (dashboard/worker.py): complete the listed todos as
+-- complete_many does without :all_or_none, and claim up to :n claimable todos in :queues
+-- from (:rank, :after) as claim_batch does, in one statement and one commit. Rows come
+-- back tagged 'completed', then 'claimed' in claim order.
+WITH
+-- include: complete_listed
+, wanted AS (
+    SELECT :n::bigint AS n
+),
+-- include: claim_scan
+, logged AS (
+    -- include: completed_and_claimed_history
+)
+SELECT 'completed' AS part, * FROM completed
+UNION ALL
+(SELECT 'claimed' AS part, * FROM claimed ORDER BY -priority, ready_at);
 
 -- name: complete_and_claim_next
 -- The busy worker's statement: complete todo :id as `complete` does, then — only if it
@@ -128,13 +133,7 @@ WITH completed AS (
 ),
 -- include: claim_scan
 , logged AS (
-    -- include: history_insert
-    SELECT id, 'claimed'::todo_state, 'done'::todo_state, 'agent', :owner, attempt, 'completed',
-           'completed', queue, extract(epoch FROM completed_at - claimed_at)::real, updated_at
-    FROM completed
-    UNION ALL
-    SELECT id, 'pending', 'claimed', 'agent', :owner, attempt, 'claimed',
-           'claimed', queue, extract(epoch FROM claimed_at - ready_at)::real, updated_at FROM claimed
+    -- include: completed_and_claimed_history
 )
 SELECT 'completed' AS part, * FROM completed
 UNION ALL
