@@ -153,4 +153,7 @@ async def test_a_claim_from_its_position_steps_over_nothing_claimed_before_it(ds
             last = batch[-1]
         from_position = await pages_read(conn, f"'{last.ready_at.isoformat()}'::timestamptz")
         from_oldest = await pages_read(conn, "NULL")
-    assert from_oldest > 10 * from_position, (from_oldest, from_position)
+    # From its position a claim pays the three scans' first probes alone (tests/test_claim_cost.py);
+    # from the oldest it reads through the entries of everything claimed before (PostgreSQL 15
+    # counts a heap page read again for the next row on it once: 33 against 5 here).
+    assert from_position <= 8 and from_oldest > 4 * from_position, (from_oldest, from_position)

@@ -122,6 +122,12 @@ async def test_promote_due_retries_clears_only_due_retry_times(module_store, mod
     await module_store.fail(due.id, "w1", due.lease_token, "x")
     later = await claimed(module_store)
     await module_store.fail(later.id, "w1", later.lease_token, "x")
+    # its backoff (2 s at attempt 1) must not come due on a slow machine before the end
+    await module_pool.execute(
+        "UPDATE todos SET next_retry_at = now() + interval '1 hour', ready_at = now() + interval '1 hour'"
+        " WHERE id = $1",
+        later.id,
+    )
 
     assert await module_store.promote_due_retries() == 0
     await make_retry_due(module_pool, due.id)
