@@ -317,3 +317,42 @@ async def test_0015_moves_a_populated_history_into_daily_partitions_in_place(emp
     # No foreign key: deleting a todo leaves its history to its day.
     await empty_conn.execute("DELETE FROM todos WHERE id = $1", todos[0].id)
     assert await empty_conn.fetchval("SELECT count(*) FROM todo_history WHERE todo_id = $1", todos[0].id) == 3
+
+
+# -- 0017: the row's invariants in one CHECK ------------------------------------------------
+
+# Each breaks one invariant the ten constraints before 0017 held, from a pending todo.
+BROKEN_ROWS = {
+    "queue name": "queue = 'Not A Queue'",
+    "attempt below 0": "attempt = -1",
+    "no attempts allowed": "max_attempts = 0",
+    "priority above 10": "priority = 11",
+    "claimed without a lease": "state = 'claimed', owner = 'w'",
+    "a lease while pending": "lease_expires_at = now()",
+    "claimed without an owner": "state = 'claimed', lease_expires_at = now()",
+    "done without completed_at": "state = 'done'",
+    "completed_at while pending": "completed_at = now()",
+    "pending without ready_at": "ready_at = NULL",
+    "a retry time that is not ready_at": "next_retry_at = now() + interval '1 hour'",
+    "a retry time while failed": "state = 'failed', completed_at = now(), next_retry_at = ready_at",
+    "cancelled while pending": "cancelled_at = now(), cancelled_by = 'op', cancelled_by_kind = 'operator'",
+    "cancelled by nobody": "state = 'failed', completed_at = now(), cancelled_at = now()",
+}
+
+
+@pytest.mark.parametrize("change", BROKEN_ROWS.values(), ids=BROKEN_ROWS.keys())
+async def test_0017_one_check_refuses_what_each_of_the_ten_refused(empty_conn, change):
+    await apply_migrations(empty_conn)
+    checks = await empty_conn.fetch(
+        "SELECT conname FROM pg_constraint WHERE conrelid = 'todos'::regclass AND contype = 'c'"
+    )
+    assert [r["conname"] for r in checks] == ["todo_row_consistent"]
+    await empty_conn.execute("INSERT INTO todos (id, queue, title) VALUES ('td_x', 'q', 'x')")
+    with pytest.raises(asyncpg.CheckViolationError) as refused:
+        await empty_conn.execute(f"UPDATE todos SET {change} WHERE id = 'td_x'")
+    assert refused.value.constraint_name == "todo_row_consistent"
+    # and the row's legal moves still pass it
+    await empty_conn.execute(
+        "UPDATE todos SET state = 'failed', completed_at = now(), cancelled_at = now(), "
+        "cancelled_by = 'op', cancelled_by_kind = 'operator' WHERE id = 'td_x'"
+    )

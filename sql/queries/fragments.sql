@@ -39,7 +39,7 @@ SET state = 'claimed', owner = :owner, attempt = attempt + 1,
 -- of 0 reads nothing).
 -- A claim pays only for what is in use (issue 27): each branch and the pause lookup has
 -- a gate on the parameters (a one-time filter, checked before its scan starts):
--- - `higher` runs only below the top level (:rank > -10, priority_range's top in 0008).
+-- - `higher` runs only below the top level (:rank > -10, the top priority: todo_row_consistent, 0017).
 --   Below it, it is one descent to the index's first entry, which stops there without a
 --   heap visit when no level above holds a pending todo; an EXISTS probe to decide
 --   whether to run it would cost that same descent, so there is none.
