@@ -12,8 +12,12 @@ batches: the slots of handlers that end together are claimed again in one statem
 that statement also completes what they returned (Store.ack_and_claim: one round trip and
 one commit for both); acks that come while the queues are empty go on their own, those
 that come while one batch is on its way together in the next. So a worker fed faster than
-it works spends a fraction of a statement per todo, not two. On SIGTERM or SIGINT it stops
-claiming, gives running handlers `grace` seconds to finish, then releases what it holds.
+it works spends a fraction of a statement per todo, not two. When handlers are quick, it
+also claims ahead: up to `prefetch` todos (default: `concurrency`) wait, their leases
+heartbeated, for a slot, so handlers do not idle while a statement is on its way. It holds
+only as many ahead as its handlers finish in AHEAD_WAIT, so slow work is never held
+waiting. On SIGTERM or SIGINT it stops claiming, releases the todos claimed ahead, gives
+running handlers `grace` seconds to finish, then releases what they hold.
 
 A todo cancelled while it runs (an operator's cancel: it is already failed, as cancelled)
 is learnt at the next heartbeat, within ttl/3: the handler's task is cancelled (a coroutine
@@ -34,6 +38,7 @@ import logging
 import os
 import signal
 import socket
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -54,6 +59,8 @@ from dashboard.store import MAX_BATCH, Store
 
 log = logging.getLogger("switchboard.worker")
 
+AHEAD_WAIT = 0.05  # seconds a todo claimed ahead may wait for a slot, by the handlers' pace
+
 
 def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -69,6 +76,7 @@ class Worker:
         owner: str | None = None,
         ttl: float = 30,
         concurrency: int = 1,
+        prefetch: int | None = None,
         poll_interval: float = 5.0,
         grace: float = 10.0,
     ):
@@ -78,12 +86,15 @@ class Worker:
         self.owner = owner or default_owner()
         self.ttl = check_ttl(ttl)
         self.concurrency = concurrency
+        self.prefetch = concurrency if prefetch is None else prefetch
         self.poll_interval = poll_interval
         self.grace = grace
         self._stopping = asyncio.Event()
         self._hints: Subscription | None = None
         self._running: dict[asyncio.Task, Todo] = {}  # each until its todo is acked
-        self._handlers = 0  # handlers running: the slots taken
+        self._held = 0  # todos claimed whose handler has not returned: running or waiting
+        self._slots = asyncio.Semaphore(concurrency)  # a handler runs holding one
+        self._handler_time: float | None = None  # seconds a handler takes, averaged
         self._wake = asyncio.Event()  # a handler ended, or an ack came
         self._backoff = Backoff()  # between failed claims while the database is away
 
@@ -119,7 +130,7 @@ class Worker:
         self._acks.held = True
         try:
             while not self._stopping.is_set():
-                free = self.concurrency - self._handlers
+                free = self.concurrency + self._ahead() - self._held
                 if free <= 0 and not self._acks.waiting:
                     self._wake.clear()
                     waits = [
@@ -144,7 +155,7 @@ class Worker:
                     await hints.wait(delay)
                     continue
                 self._backoff.reset()
-                self._handlers += len(todos)
+                self._held += len(todos)
                 for todo in todos:
                     task = asyncio.create_task(self._process(store, todo))
                     self._running[task] = todo
@@ -177,10 +188,17 @@ class Worker:
         """Let the handlers that end in the same instant (a batch claimed together, of
         like work) all free their slots, so that they are claimed in one statement."""
         while True:
-            handlers = self._handlers
+            held = self._held
             await asyncio.sleep(0)
-            if self._handlers == handlers:
+            if self._held == held:
                 return
+
+    def _ahead(self) -> int:
+        """How many todos to claim beyond the slots: as many as the handlers, at their
+        pace, finish within AHEAD_WAIT (none before one has finished), at most `prefetch`."""
+        if not self.prefetch or self._handler_time is None:
+            return 0
+        return min(self.prefetch, int(self.concurrency * AHEAD_WAIT / max(self._handler_time, 1e-6)))
 
     async def _drain(self) -> None:
         if not self._running:
@@ -193,15 +211,45 @@ class Worker:
     async def _process(self, store: Store, todo: Todo) -> None:
         beat = asyncio.create_task(self._heartbeat(store, todo))
         try:
+            if not await self._slot(store, todo, beat):
+                return
             ack = await self._work(store, todo, beat)
             if ack is not None:
                 await self._settle(todo, ack)
         finally:
             beat.cancel()
 
+    async def _slot(self, store: Store, todo: Todo, beat: asyncio.Task) -> bool:
+        """Take a handler slot for `todo`, waiting while it was claimed ahead. False when
+        the todo is not to run: the worker is stopping (it is released) or it was
+        cancelled meanwhile (nothing to do)."""
+        if not self._slots.locked():
+            await self._slots.acquire()
+            return True
+        acquire = asyncio.create_task(self._slots.acquire())
+        stopping = asyncio.create_task(self._stopping.wait())
+        try:
+            await asyncio.wait({acquire, stopping, beat}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            acquire.cancel()
+        if acquire.done() and not acquire.cancelled():
+            if not self._stopping.is_set() and not beat.done():
+                return True
+            self._slots.release()
+        self._held -= 1
+        self._wake.set()
+        if (cancelled := _cancellation(beat)) is not None:
+            log.warning("%s before its handler started", cancellation_note(todo.id, cancelled))
+        elif self._stopping.is_set():
+            with contextlib.suppress(SwitchboardError):
+                await store.release(todo.id, self.owner, todo.lease_token)
+        return False
+
     async def _work(self, store: Store, todo: Todo, beat: asyncio.Task) -> Ack | None:
         """Run the handler: the ack it earned, or None when the todo was cancelled under
         it. Its slot is free once it ends, while the ack may still be on its way."""
+        started = time.perf_counter()
         work = asyncio.create_task(self._call(todo))
         try:
             await asyncio.wait({work, beat}, return_when=asyncio.FIRST_COMPLETED)
@@ -219,7 +267,11 @@ class Worker:
             text = "".join(traceback.format_exception_only(exc)).strip()[-8000:]
             return Ack(todo.id, todo.lease_token, error=text)
         finally:
-            self._handlers -= 1
+            took = time.perf_counter() - started
+            last = self._handler_time
+            self._handler_time = took if last is None else 0.8 * last + 0.2 * took
+            self._held -= 1
+            self._slots.release()
             self._wake.set()
         if result is not None and not isinstance(result, dict):
             result = {"value": result}

@@ -1,6 +1,6 @@
 """The Python Worker's batches (dashboard/worker.py): handlers that finish together are
-acked in one statement and their slots claimed in it too, and a result the store refuses
-fails only its own attempt.
+acked in one statement and their slots claimed in it too, a result the store refuses
+fails only its own attempt, and quick handlers have todos claimed ahead (slow ones none).
 
 The Worker runs in this process on a database of the test's own; statements are told
 apart by the transaction ids (xmin) of the rows they wrote. Handlers end together by
@@ -21,8 +21,10 @@ TIMEOUT = 60.0
 
 
 @contextlib.asynccontextmanager
-async def running_worker(dsn: str, handler, concurrency: int):
-    worker = Worker(dsn, ["q"], handler, owner="batcher", concurrency=concurrency, poll_interval=0.2)
+async def running_worker(dsn: str, handler, concurrency: int, **options):
+    worker = Worker(
+        dsn, ["q"], handler, owner="batcher", concurrency=concurrency, poll_interval=0.2, **options
+    )
     task = asyncio.create_task(worker.run())
     try:
         yield task
@@ -104,6 +106,61 @@ async def test_a_result_the_store_refuses_fails_its_own_attempt_and_the_others_c
             assert row.state == "done" and row.result == {"ok": todo.id}
 
 
+async def test_quick_handlers_get_todos_claimed_ahead_which_a_stop_releases_at_once(dsn, pool):
+    gate = asyncio.Event()
+    started: list[str] = []
+
+    async def handle(todo):
+        if todo.title.startswith("slow"):
+            started.append(todo.id)
+            await gate.wait()
+        return {"ok": True}
+
+    for n in range(3):  # quick ones first: the worker learns its handlers' pace
+        await enqueue(Store(pool), title=f"quick{n}")
+    worker = Worker(dsn, ["q"], handle, owner="ahead", concurrency=2, prefetch=3, poll_interval=0.2)
+    task = asyncio.create_task(worker.run())
+    try:
+        await until(lambda: done(pool, 3), "the quick ones")
+        for n in range(10):
+            await enqueue(Store(pool), title=f"slow{n}")
+        # Two run, three wait claimed ahead, and no more than that is claimed.
+        await until(lambda: count(pool, "claimed", 5), "five claimed")
+        await until(lambda: running(started, 2), "two handlers running")
+        assert await count(pool, "pending", 5)
+        worker.stop()
+        # The three claimed ahead go back at once; the two running keep theirs until they end.
+        await until(lambda: count(pool, "claimed", 2), "the ones ahead released")
+        assert await count(pool, "pending", 8)
+        gate.set()
+    finally:
+        worker.stop()
+        gate.set()
+        await asyncio.wait_for(task, 30)
+    assert sorted(started) == sorted(await ids_in(pool, "done", "slow%"))
+    released = await pool.fetchval(
+        "SELECT count(*) FROM todo_history WHERE event = 'released' AND actor = 'ahead'"
+    )
+    assert released == 3
+
+
+async def test_slow_handlers_get_nothing_claimed_ahead(dsn, pool):
+    claimed_while_running: list[int] = []
+
+    async def handle(todo):
+        claimed_while_running.append(
+            await pool.fetchval("SELECT count(*) FROM todos WHERE state = 'claimed'")
+        )
+        await asyncio.sleep(0.3)  # 0.3 s a todo: one ahead would wait longer than AHEAD_WAIT
+        return {"ok": True}
+
+    for n in range(4):
+        await enqueue_to(pool, n)
+    async with running_worker(dsn, handle, concurrency=1, prefetch=5):
+        await until(lambda: done(pool, 4), "four completions")
+    assert claimed_while_running == [1, 1, 1, 1]
+
+
 # -- helpers -----------------------------------------------------------------------------
 
 
@@ -113,6 +170,19 @@ async def enqueue_to(pool, n: int):
 
 async def done(pool, n: int) -> bool:
     return await pool.fetchval("SELECT count(*) FROM todos WHERE state = 'done'") >= n
+
+
+async def running(started: list, n: int) -> bool:
+    return len(started) == n
+
+
+async def count(pool, state: str, n: int) -> bool:
+    return await pool.fetchval("SELECT count(*) FROM todos WHERE state = $1", state) == n
+
+
+async def ids_in(pool, state: str, title: str) -> list[str]:
+    rows = await pool.fetch("SELECT id FROM todos WHERE state = $1 AND title LIKE $2", state, title)
+    return [r["id"] for r in rows]
 
 
 async def settled(pool, n: int) -> bool:
