@@ -141,17 +141,26 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+# What translation() maps: a cancelled statement (an OperatorInterventionError, but not a
+# failure) and the connection class.
+TRANSLATED = (asyncpg.QueryCanceledError, *CONNECTION_ERRORS)
+
+
+def translation(exc: BaseException) -> Exception:
+    """The error a driver error of TRANSLATED becomes (the one place): StatementCancelled
+    for a cancelled statement, DatabaseUnavailable for the rest."""
+    if isinstance(exc, asyncpg.QueryCanceledError):
+        return StatementCancelled(f"the database stopped a statement ({first_line(exc)}); try again shortly")
+    return unavailable(exc)
+
+
 @asynccontextmanager
 async def translated() -> AsyncIterator[None]:
-    """Driver errors of the connection class become DatabaseUnavailable (the one place)."""
+    """Driver errors of TRANSLATED become ours (translation)."""
     try:
         yield
-    except asyncpg.QueryCanceledError as exc:  # an OperatorInterventionError, but not a failure
-        raise StatementCancelled(
-            f"the database stopped a statement ({first_line(exc)}); try again shortly"
-        ) from exc
-    except CONNECTION_ERRORS as exc:
-        raise unavailable(exc) from exc
+    except TRANSLATED as exc:
+        raise translation(exc) from exc
 
 
 @asynccontextmanager
@@ -192,12 +201,8 @@ async def run(db: asyncpg.Pool | asyncpg.Connection, method: str, sql: str, args
             raise
         finally:
             await db.release(conn)
-    except asyncpg.QueryCanceledError as exc:
-        raise StatementCancelled(
-            f"the database stopped a statement ({first_line(exc)}); try again shortly"
-        ) from exc
-    except CONNECTION_ERRORS as exc:
-        raise unavailable(exc) from exc
+    except TRANSLATED as exc:
+        raise translation(exc) from exc
 
 
 @asynccontextmanager

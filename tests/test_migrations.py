@@ -55,6 +55,16 @@ async def empty_conn(empty_dsn):
         yield conn
 
 
+def migrations_before(tmp_path, number: int):
+    """A directory of the migrations numbered below `number`: the schema as it was then."""
+    directory = tmp_path / "migrations"
+    directory.mkdir()
+    for name in ALL:
+        if int(name.split("_", 1)[0]) < number:
+            shutil.copy(MIGRATIONS_DIR / name, directory / name)
+    return directory
+
+
 async def recorded(conn) -> list[tuple]:
     rows = await conn.fetch("SELECT version, name, checksum FROM schema_migrations ORDER BY 1")
     return [tuple(r) for r in rows]
@@ -214,11 +224,7 @@ OLD_HISTORY = [
 
 
 async def test_0004_backfills_each_old_actor_form_into_its_kind_and_bare_name(empty_conn, tmp_path):
-    before_0004 = tmp_path / "migrations"
-    before_0004.mkdir()
-    for name in ALL:
-        if int(name.split("_", 1)[0]) < 4:
-            shutil.copy(MIGRATIONS_DIR / name, before_0004 / name)
+    before_0004 = migrations_before(tmp_path, 4)
     assert await apply_migrations(empty_conn, before_0004) == [n for n in ALL if n < "0004"]
     await empty_conn.execute("INSERT INTO todos (id, queue, title) VALUES ('td_old', 'q', 'old')")
     await empty_conn.executemany(
@@ -251,11 +257,7 @@ async def test_0004_backfills_each_old_actor_form_into_its_kind_and_bare_name(em
 async def test_0007_gives_pending_todos_their_old_claim_position_and_keeps_them_in_order(
     empty_conn, tmp_path
 ):
-    before_0007 = tmp_path / "migrations"
-    before_0007.mkdir()
-    for name in ALL:
-        if int(name.split("_", 1)[0]) < 7:
-            shutil.copy(MIGRATIONS_DIR / name, before_0007 / name)
+    before_0007 = migrations_before(tmp_path, 7)
     await apply_migrations(empty_conn, before_0007)
     await empty_conn.execute(
         """INSERT INTO todos (id, queue, title, created_at, next_retry_at, attempt) VALUES
@@ -287,11 +289,7 @@ async def test_0007_gives_pending_todos_their_old_claim_position_and_keeps_them_
 
 
 async def test_0015_moves_a_populated_history_into_daily_partitions_in_place(empty_conn, tmp_path):
-    before_0015 = tmp_path / "migrations"
-    before_0015.mkdir()
-    for name in ALL:
-        if int(name.split("_", 1)[0]) < 15:
-            shutil.copy(MIGRATIONS_DIR / name, before_0015 / name)
+    before_0015 = migrations_before(tmp_path, 15)
     await apply_migrations(empty_conn, before_0015)
     store = Store(empty_conn)
     todos = [await enqueue(store, title=f"t{n}") for n in range(20)]

@@ -10,34 +10,13 @@ waiting on one event, set once all of them run.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
 
 from dashboard.store import Store
 from dashboard.worker import Worker
 from tests.factories import enqueue, todo_row
+from tests.test_workers import running_worker, until
 
 TIMEOUT = 60.0
-
-
-@contextlib.asynccontextmanager
-async def running_worker(dsn: str, handler, concurrency: int, **options):
-    worker = Worker(
-        dsn, ["q"], handler, owner="batcher", concurrency=concurrency, poll_interval=0.2, **options
-    )
-    task = asyncio.create_task(worker.run())
-    try:
-        yield task
-    finally:
-        worker.stop()
-        await asyncio.wait_for(task, 30)
-
-
-async def until(check, what: str) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not await check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 class Together:
@@ -68,8 +47,8 @@ async def test_handlers_that_finish_together_are_acked_in_one_statement(dsn, poo
     for n in range(5):
         await enqueue_to(pool, n)
     handler = Together(5)
-    async with running_worker(dsn, handler.handle, concurrency=5):
-        await until(lambda: done(pool, 5), "five completions")
+    async with running_worker(dsn, "q", handler.handle, owner="batcher", concurrency=5):
+        await until(lambda: done(pool, 5), "five completions", within=TIMEOUT)
     assert await statements(pool, "SELECT xmin FROM todos WHERE state = 'done'") == 1
 
 
@@ -77,8 +56,8 @@ async def test_slots_freed_together_are_claimed_in_one_statement(dsn, pool):
     for n in range(10):
         await enqueue_to(pool, n)
     handler = Together(5)
-    async with running_worker(dsn, handler.handle, concurrency=5):
-        await until(lambda: done(pool, 10), "ten completions")
+    async with running_worker(dsn, "q", handler.handle, owner="batcher", concurrency=5):
+        await until(lambda: done(pool, 10), "ten completions", within=TIMEOUT)
     # Two claims of five, not one of five and then five of one.
     claims = "SELECT xmin FROM todo_history WHERE event = 'claimed'"
     assert await statements(pool, claims) == 2
@@ -95,8 +74,8 @@ async def test_a_result_the_store_refuses_fails_its_own_attempt_and_the_others_c
     def result(todo):
         return {"unencodable": object()} if todo.id == bad else {"ok": todo.id}
 
-    async with running_worker(dsn, Together(3, result).handle, concurrency=3):
-        await until(lambda: settled(pool, 3), "three acks")
+    async with running_worker(dsn, "q", Together(3, result).handle, owner="batcher", concurrency=3):
+        await until(lambda: settled(pool, 3), "three acks", within=TIMEOUT)
     for todo in todos:
         row = await todo_row(pool, todo.id)
         if todo.id == bad:
@@ -121,16 +100,16 @@ async def test_quick_handlers_get_todos_claimed_ahead_which_a_stop_releases_at_o
     worker = Worker(dsn, ["q"], handle, owner="ahead", concurrency=2, prefetch=3, poll_interval=0.2)
     task = asyncio.create_task(worker.run())
     try:
-        await until(lambda: done(pool, 3), "the quick ones")
+        await until(lambda: done(pool, 3), "the quick ones", within=TIMEOUT)
         for n in range(10):
             await enqueue(Store(pool), title=f"slow{n}")
         # Two run, three wait claimed ahead, and no more than that is claimed.
-        await until(lambda: count(pool, "claimed", 5), "five claimed")
-        await until(lambda: running(started, 2), "two handlers running")
+        await until(lambda: count(pool, "claimed", 5), "five claimed", within=TIMEOUT)
+        await until(lambda: running(started, 2), "two handlers running", within=TIMEOUT)
         assert await count(pool, "pending", 5)
         worker.stop()
         # The three claimed ahead go back at once; the two running keep theirs until they end.
-        await until(lambda: count(pool, "claimed", 2), "the ones ahead released")
+        await until(lambda: count(pool, "claimed", 2), "the ones ahead released", within=TIMEOUT)
         assert await count(pool, "pending", 8)
         gate.set()
     finally:
@@ -156,8 +135,8 @@ async def test_slow_handlers_get_nothing_claimed_ahead(dsn, pool):
 
     for n in range(4):
         await enqueue_to(pool, n)
-    async with running_worker(dsn, handle, concurrency=1, prefetch=5):
-        await until(lambda: done(pool, 4), "four completions")
+    async with running_worker(dsn, "q", handle, concurrency=1, prefetch=5):
+        await until(lambda: done(pool, 4), "four completions", within=TIMEOUT)
     assert claimed_while_running == [1, 1, 1, 1]
 
 

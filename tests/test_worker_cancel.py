@@ -10,7 +10,6 @@ deadline; every process started here is stopped by pid.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from pathlib import Path
@@ -22,10 +21,9 @@ from dashboard.agent_worker import CANCEL_GRACE
 from dashboard.control import Control
 from dashboard.models import Actor
 from dashboard.store import Store
-from dashboard.worker import Worker
 from tests.factories import enqueue, todo_row, unique
 from tests.processes import stop
-from tests.test_workers import Spawner, command_worker, transitions, until
+from tests.test_workers import Spawner, command_worker, running_worker, transitions, until
 
 pytestmark = pytest.mark.slow
 
@@ -41,18 +39,6 @@ def spawner(tmp_path):
 
 
 # -- the Python DB worker ------------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def running_worker(dsn: str, queue: str, handler, **options):
-    """A Worker on `queue` in this process, stopped (and waited for) on exit."""
-    worker = Worker(dsn, [queue], handler, owner="py-cancel", poll_interval=0.5, **options)
-    task = asyncio.create_task(worker.run())
-    try:
-        yield task
-    finally:
-        worker.stop()
-        await asyncio.wait_for(task, 15)
 
 
 async def test_a_cancelled_todo_cancels_the_python_handler_and_the_worker_goes_on_to_the_next(
@@ -76,7 +62,7 @@ async def test_a_cancelled_todo_cancels_the_python_handler_and_the_worker_goes_o
             raise
         return {"finished": "the work nobody wants"}
 
-    async with running_worker(dsn, queue, handle, ttl=1) as task:
+    async with running_worker(dsn, queue, handle, owner="py-cancel", ttl=1, poll_interval=0.5) as task:
         await asyncio.wait_for(started.wait(), 20)
         await Control(store.db).cancel(long_id, OPERATOR, "no longer needed")
         cancelled_at = time.monotonic()
@@ -127,7 +113,7 @@ async def test_an_ack_refused_as_cancelled_is_logged_and_the_python_worker_goes_
             raise RuntimeError("gave up")
         return {"finished": True}
 
-    async with running_worker(dsn, queue, handle, ttl=30) as task:
+    async with running_worker(dsn, queue, handle, owner="py-cancel", ttl=30, poll_interval=0.5) as task:
 
         async def next_done():
             return (await todo_row(conn, next_id)).state == "done"

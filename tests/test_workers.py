@@ -26,6 +26,7 @@ from dashboard.accounts import Accounts
 from dashboard.agent_worker import GRACE as COMMAND_GRACE
 from dashboard.lapsed import reap_once
 from dashboard.store import Store
+from dashboard.worker import Worker
 from tests.conftest import ROOT
 from tests.factories import Step, enqueue, history, make_retry_due, todo_row, unique
 from tests.processes import stop
@@ -103,6 +104,20 @@ def spawner(tmp_path):
     spawner = Spawner(tmp_path)
     yield spawner
     spawner.stop_all()
+
+
+@contextlib.asynccontextmanager
+async def running_worker(dsn: str, queue: str, handler, *, owner: str = "py-worker", **options):
+    """A Python Worker (dashboard.worker) on `queue` in this process, stopped and waited for
+    on exit."""
+    options.setdefault("poll_interval", 0.2)
+    worker = Worker(dsn, [queue], handler, owner=owner, **options)
+    task = asyncio.create_task(worker.run())
+    try:
+        yield task
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 30)
 
 
 async def until(
